@@ -1,0 +1,57 @@
+"""Paged-KV kernels and the choice between them.
+
+Two backends share one signature (see ``reference.py`` for the layout):
+
+- ``"torch"``: plain torch (``reference.py``), the CPU path;
+- ``"triton"``: Triton kernels (``store_kv.py``, ``paged_attention.py``), the CUDA path. On CPU tensors
+  they run only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check them.
+
+``resolve_backend("auto", device)`` picks Triton on CUDA and torch elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelBackend:
+    name: str
+    store_kv: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+
+def triton_interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:
+    """Return the kernels for ``name`` ("auto", "torch" or "triton") on ``device``, or explain why not."""
+    device = torch.device(device)
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend={name!r} is not one of {BACKENDS}; pick one of them")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return KernelBackend("torch", reference.store_kv, reference.paged_attention)
+    if device.type != "cuda" and not triton_interpreter_on():
+        raise ValueError(
+            f"attention_backend='triton' on a {device.type} device needs Triton's interpreter: "
+            "set TRITON_INTERPRET=1 before importing kvscope, or use attention_backend='torch'"
+        )
+    try:
+        from .paged_attention import paged_attention
+        from .store_kv import store_kv
+    except ImportError as exc:  # triton missing or broken
+        raise ValueError(
+            f"attention_backend='triton' is unavailable ({exc}); install triton or use attention_backend='torch'"
+        ) from exc
+    return KernelBackend("triton", store_kv, paged_attention)

@@ -1,0 +1,332 @@
+"""One Triton kernel for paged attention over a flat batch that mixes prefill chunks and decodes.
+
+Layout and semantics are those of ``reference.py``: query ``i`` of sequence ``b`` sits at position
+``seq_lens[b] - q_len + i`` and attends causally to positions ``0..that`` of the sequence's pages.
+
+Tiling (FlashAttention-2 style, the scheme of vLLM's Triton "unified attention"):
+
+- A program owns one *q-block* (``BLOCK_Q`` consecutive query tokens of one sequence) and one KV head.
+  Its ``BLOCK_M`` rows are (token, query head) pairs, row ``m`` being token ``m // GROUP`` and query head
+  ``kv_head * GROUP + m % GROUP``: the query heads of a KV head share one read of K/V (GQA without
+  repeating K/V), and a decode with GQA fills the >= 16 rows ``tl.dot`` needs with real heads.
+- Grid axis 0 walks the q-blocks of the whole batch with no host-side lengths: sequence ``b`` owns the
+  q-blocks from ``query_start_loc[b] // BLOCK_Q + b`` on, a start that grows with ``b``, so a binary
+  search finds a program's sequence and ``T // BLOCK_Q + B`` programs cover any batch (spares return).
+- K/V stream in tiles of ``TILE_N`` positions, each position mapped to its page on its own
+  (``block_tables[b, pos // block_size]``): the tile size is independent of the block size, any
+  power-of-two block size works, and block-table entries past the sequence are never read. Head sizes
+  are padded to a power of two (``D_PAD``) under masks.
+- Masking: key ``pos`` is visible to a row when ``pos <= the row's query position`` (causal relative to
+  the cached prefix); a q-block reads keys ``[0, kv_end)``, ``kv_end = context_len + last query + 1``,
+  so a decode reads exactly ``seq_len`` keys. Rows past the sequence's queries are masked.
+- Online softmax in fp32, base 2 (``scale * log2 e`` folded into the scores): running max ``m``, sum
+  ``l`` and accumulator rescaled by ``exp2(m_old - m_new)``; a row with nothing visible yet keeps
+  ``m = -inf`` and is guarded against NaN. ``P`` is cast to the K/V dtype for ``P @ V`` (as
+  FlashAttention does); fp32 uses IEEE dots, not TF32, so it matches the fp32 oracle to ~1e-6.
+
+Split-KV (flash-decoding): a few long decodes make few programs and leave most SMs idle, so the same
+kernel takes a third grid axis of ``NUM_SPLITS`` segments, each an equal share of the q-block's KV
+tiles, writing its unnormalised ``acc``, ``m`` and ``l`` to fp32 scratch; ``_merge_splits_kernel`` then
+computes ``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max m)``. The launcher splits only
+on CUDA, when ``(T // BLOCK_Q + B) * Hkv`` programs would not fill the SMs and the longest context
+(``seq_lens_list`` when given, otherwise the block table's capacity) is >= 1024. One kernel with a
+constexpr switch, not a second decode kernel, keeps a single copy of the masking and softmax; the
+split path is valid for prefill chunks too, and the tests force it on mixed batches.
+
+Triton 3.9's interpreter multiplies raw bf16 bits in ``tl.dot``; under the interpreter bf16 tiles are
+therefore upcast to fp32 before the dots (``DOT_FP32``). Compiled kernels keep bf16 dots.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .store_kv import _check_device, _check_float, _check_int, _fail
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """The last sequence ``b`` whose first q-block, ``query_start_loc[b] // BLOCK_Q + b``, is <= q_block."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # [T, Hq, D]                          written when NUM_SPLITS == 1
+    part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32   written when NUM_SPLITS > 1
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32 (m, l) written when NUM_SPLITS > 1
+    q_ptr,  # [T, Hq, D]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks]
+    query_start_loc_ptr,  # [B + 1]
+    seq_lens_ptr,  # [B]
+    scale_log2,  # softmax scale * log2(e)
+    num_seqs,
+    num_heads,
+    stride_q_t,
+    stride_q_h,
+    stride_o_t,
+    stride_o_h,
+    stride_k_blk,
+    stride_k_slot,
+    stride_k_h,
+    stride_v_blk,
+    stride_v_slot,
+    stride_v_h,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # >= BLOCK_Q * GROUP, power of two
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,  # upcast tiles before tl.dot (bf16 under the interpreter)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), else "tf32" (ignored for 16-bit)
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
+    if seq < 0:  # only when query_start_loc[0] > 0
+        return
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_in_seq = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_in_seq * BLOCK_Q >= q_len:  # a spare program
+        return
+    context_len = tl.load(seq_lens_ptr + seq) - q_len  # cached positions before this step's queries
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D_PAD)
+    q_idx = q_block_in_seq * BLOCK_Q + rows // GROUP  # [BLOCK_M] query index within the sequence
+    head = kv_head * GROUP + rows % GROUP  # [BLOCK_M] query head
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)  # [BLOCK_M]
+    dim_ok = dims < HEAD_DIM  # [D_PAD]
+    q_pos = context_len + q_idx  # [BLOCK_M] position of each row's query
+    token = (q_start + q_idx).to(tl.int64)  # [BLOCK_M] row in the flat batch
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, D_PAD]
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    # This q-block sees positions [0, kv_end); with NUM_SPLITS > 1 this program takes one share of the tiles.
+    kv_end = context_len + tl.minimum((q_block_in_seq + 1) * BLOCK_Q, q_len)
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)  # running sum of p @ V
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_k_h
+    v_base = v_cache_ptr + kv_head * stride_v_h
+    for tile in range(tile_lo, tile_hi):
+        pos = tile * TILE_N + tl.arange(0, TILE_N)  # [TILE_N] key positions
+        pos_ok = pos < kv_end
+        page = tl.load(block_table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)  # [TILE_N]
+        k_off = page * stride_k_blk + (pos % BLOCK_SIZE) * stride_k_slot  # [TILE_N]
+        v_off = page * stride_v_blk + (pos % BLOCK_SIZE) * stride_v_slot
+        k_mask = dim_ok[:, None] & pos_ok[None, :]
+        k = tl.load(k_base + k_off[None, :] + dims[:, None], mask=k_mask, other=0.0)  # [D_PAD, TILE_N]
+        v_mask = pos_ok[:, None] & dim_ok[None, :]
+        v = tl.load(v_base + v_off[:, None] + dims[None, :], mask=v_mask, other=0.0)  # [TILE_N, D_PAD]
+        k = k.to(q.dtype)  # fp32 when DOT_FP32
+        v = v.to(q.dtype)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, TILE_N]
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, D_PAD]
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptr = out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
+        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    else:
+        part = (token * num_heads + head) * NUM_SPLITS + split  # [BLOCK_M] row of the scratch buffers
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,  # [T, Hq, D]
+    part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
+    num_heads,
+    stride_o_t,
+    stride_o_h,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    part = (token * num_heads + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
+    dims = tl.arange(0, D_PAD)
+    m = tl.load(part_ml_ptr + part * 2)  # [NUM_SPLITS]; -inf for a segment with no keys
+    l_s = tl.load(part_ml_ptr + part * 2 + 1)
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [NUM_SPLITS]
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + dims[None, :])  # [NUM_SPLITS, D_PAD]
+    total = tl.sum(w * l_s, axis=0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)  # [D_PAD]
+    o_ptr = out_ptr + token * stride_o_t + head * stride_o_h + dims
+    tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out):
+    cache_layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
+    _check_float("key_cache", key_cache, 4, cache_layout)
+    _check_float("value_cache", value_cache, 4, cache_layout)
+    if value_cache.shape != key_cache.shape:
+        _fail(
+            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
+        )
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    _check_float("query", query, 3, f"[num_tokens, num_heads, head_dim={head_dim}]")
+    num_heads = query.shape[1]
+    if query.shape[2] != head_dim:
+        _fail(f"query has head_dim {query.shape[2]} but the caches have {head_dim}; they must match")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        _fail(
+            f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} (grouped-query attention)"
+        )
+    if not 0 < head_dim <= 256:
+        _fail(f"head_dim={head_dim} is not supported: the kernel takes head sizes 1..256")
+    if block_size & (block_size - 1):
+        _fail(f"block_size={block_size} must be a power of two (8, 16, 32, 64, 128, ...)")
+    _check_int("block_tables", block_tables, 2, "[num_seqs, max_blocks]")
+    _check_int("query_start_loc", query_start_loc, 1, "[num_seqs + 1]")
+    _check_int("seq_lens", seq_lens, 1, "[num_seqs]")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1 or block_tables.shape[0] != num_seqs:
+        _fail(
+            f"seq_lens has {num_seqs} sequences, so query_start_loc needs {num_seqs + 1} entries (has "
+            f"{query_start_loc.shape[0]}) and block_tables {num_seqs} rows (has {block_tables.shape[0]})"
+        )
+    if block_tables.stride(1) != 1 or query_start_loc.stride(0) != 1 or seq_lens.stride(0) != 1:
+        _fail("block_tables (last dim), query_start_loc and seq_lens must be contiguous: call .contiguous()")
+    if out is not None:
+        _check_float("out", out, 3, "shaped like query")
+        if out.shape != query.shape or out.dtype != query.dtype:
+            _fail(
+                f"out is {tuple(out.shape)} {out.dtype}; it must match query: {tuple(query.shape)} {query.dtype}"
+            )
+    tensors = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables)
+    tensors.update(
+        query_start_loc=query_start_loc, seq_lens=seq_lens, **({} if out is None else {"out": out})
+    )
+    return _check_device(_paged_attention_kernel, **tensors)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int
+    query_start_loc: torch.Tensor,  # [B + 1] int
+    seq_lens: torch.Tensor,  # [B] int
+    scale: float,
+    *,
+    num_decodes: int | None = None,
+    query_lens: list[int] | None = None,
+    seq_lens_list: list[int] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton paged attention with the signature of ``reference.paged_attention``; returns ``out``.
+
+    The host-side hints never change the result: ``query_lens`` (max query length) picks a decode-sized
+    ``BLOCK_M``, ``seq_lens_list`` (max context) feeds the split-KV choice; ``num_decodes`` is unused.
+    """
+    return _launch(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+                   query_lens=query_lens, seq_lens_list=seq_lens_list, out=out)  # fmt: skip
+
+
+def _tile_config(elem_bytes: int, d_pad: int, group: int, decode_only: bool) -> tuple[int, int]:
+    """(BLOCK_M, TILE_N). Checked with ptxas for sm_80/89/90 at num_warps=4: no register spills, and
+    shared memory under the 99 KiB of sm_86/89. fp32 (IEEE dots) gets half-sized tiles."""
+    wide = elem_bytes >= 4 or d_pad > 128
+    tile_n = 32 if wide else 64
+    if elem_bytes >= 4 and d_pad > 128:
+        tile_n = 16
+    block_m = 16 if decode_only else (32 if wide else 64)
+    return max(block_m, triton.next_power_of_2(group)), tile_n
+
+
+def _launch(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *,
+            query_lens=None, seq_lens_list=None, out=None, num_splits=None):  # fmt: skip
+    """``paged_attention`` with the split count exposed (``None``: the heuristic; tests force 1, 2, 4, ...)."""
+    device = _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out)
+    if not math.isfinite(scale) or scale <= 0:
+        _fail(f"scale={scale} must be a positive finite float (usually head_dim ** -0.5)")
+    out = torch.empty_like(query) if out is None else out
+    num_tokens, num_heads, head_dim = query.shape
+    num_seqs, block_size, num_kv_heads = seq_lens.shape[0], key_cache.shape[1], key_cache.shape[2]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    decode_only = max(query_lens) <= 1 if query_lens else num_tokens == num_seqs
+    block_m, tile_n = _tile_config(query.element_size(), d_pad, group, decode_only)
+    block_q = block_m // group
+    num_q_blocks = num_tokens // block_q + num_seqs
+    if num_splits is None:
+        num_splits = 1
+        if device.type == "cuda":
+            max_len = max(seq_lens_list) if seq_lens_list else block_tables.shape[1] * block_size
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            if num_q_blocks * num_kv_heads < sms and max_len >= 1024:
+                want = triton.cdiv(2 * sms, num_q_blocks * num_kv_heads)
+                num_splits = min(triton.next_power_of_2(want), 64, triton.next_power_of_2(max_len // 256))
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        _fail(f"num_splits={num_splits} must be a power of two")
+    interpreted = not isinstance(_paged_attention_kernel, triton.runtime.JITFunction)
+    if num_splits > 1:
+        part_acc = torch.empty(num_tokens, num_heads, num_splits, d_pad, device=device, dtype=torch.float32)
+        part_ml = torch.empty(num_tokens, num_heads, num_splits, 2, device=device, dtype=torch.float32)
+    else:
+        part_acc = part_ml = out  # never touched
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
+        out, part_acc, part_ml, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+        scale * _LOG2E, num_seqs, num_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
+        HEAD_DIM=head_dim, D_PAD=d_pad, GROUP=group, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
+        TILE_N=tile_n, NUM_SPLITS=num_splits, DOT_FP32=interpreted and query.dtype == torch.bfloat16,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_ml, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,194 @@
+"""Plain torch kernels for the paged KV cache: the CPU path and the oracle for every kernel test.
+
+Layout shared by every backend:
+
+- ``key_cache`` / ``value_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+  A *slot* is ``block_id * block_size + offset``.
+- a flat batch of ``T`` new tokens from ``B`` sequences: ``query`` ``[T, num_heads, head_dim]``,
+  ``query_start_loc`` ``[B + 1]`` (sequence ``b`` owns tokens ``query_start_loc[b]:query_start_loc[b+1]``),
+  ``seq_lens`` ``[B]`` (context length of each sequence *including* its new tokens),
+  ``block_tables`` ``[B, max_blocks]`` (pages of each sequence, in order; unused entries are ignored).
+- The new tokens of a sequence are its last ``q_len`` positions, so query ``i`` of sequence ``b`` sits at
+  position ``seq_lens[b] - q_len + i`` and attends causally to positions ``0..that``. A decode is a
+  sequence with ``q_len == 1``; a prefill chunk over a cached prefix is ``q_len > 1`` with
+  ``seq_lens[b] > q_len``. Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+
+``paged_attention`` is the fast CPU path: sequences whose queries are single tokens (decodes) are
+gathered into one padded batch and run through one ``scaled_dot_product_attention`` call; prefill
+chunks run one sequence at a time. ``paged_attention_naive`` is a per-sequence loop in float32 that
+spells out the math; tests use it as the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [T] int, < 0 means "do not store"
+) -> None:
+    """Write each token's K and V into its slot. Tokens with a negative slot are skipped."""
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    flat_k = key_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, Hkv, D]
+    flat_v = value_cache.view(-1, num_kv_heads, head_dim)
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
+    flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_table: torch.Tensor,  # [num_blocks_used] or [B, num_blocks_used]
+    length: int,
+) -> torch.Tensor:
+    """Read the first ``length`` positions of the pages in ``block_table`` as ``[..., Hkv, length, D]``."""
+    pages = cache[block_table]  # [..., nb, bs, Hkv, D]
+    flat = pages.flatten(-4, -3)[..., :length, :, :]  # [..., L, Hkv, D]
+    return flat.transpose(-3, -2)  # [..., Hkv, L, D]
+
+
+def _decode_attention(
+    query: torch.Tensor,  # [B, Hq, D], one query token per sequence
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    seq_lens: torch.Tensor,  # [B]
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    num_pages = -(-max_seq_len // block_size)
+    k = gather_kv(key_cache, block_tables[:, :num_pages], max_seq_len)  # [B, Hkv, L, D]
+    v = gather_kv(value_cache, block_tables[:, :num_pages], max_seq_len)
+    # GQA without repeating K/V: the G query heads of one KV head become G "query rows".
+    group = num_heads // num_kv_heads
+    q = query.view(num_seqs, num_kv_heads, group, head_dim)  # [B, Hkv, G, D]
+    positions = torch.arange(max_seq_len, device=query.device)
+    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill_attention(
+    query: torch.Tensor,  # [n, Hq, D] new tokens of one sequence
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [max_blocks]
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    n, num_heads, _ = query.shape
+    block_size = key_cache.shape[1]
+    k = gather_kv(key_cache, block_table[: -(-seq_len // block_size)], seq_len)  # [Hkv, L, D]
+    v = gather_kv(value_cache, block_table[: -(-seq_len // block_size)], seq_len)
+    q = query.transpose(0, 1)  # [Hq, n, D]
+    gqa = num_heads != k.shape[0]
+    if n == seq_len:  # no cached prefix: plain causal attention
+        out = F.scaled_dot_product_attention(
+            q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=gqa
+        )
+    else:  # query i sits at position seq_len - n + i
+        rows = torch.arange(n, device=query.device)[:, None] + (seq_len - n)
+        mask = torch.arange(seq_len, device=query.device)[None, :] <= rows  # [n, L]
+        out = F.scaled_dot_product_attention(
+            q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
+    return out.transpose(0, 1)  # [n, Hq, D]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int
+    query_start_loc: torch.Tensor,  # [B + 1] int
+    seq_lens: torch.Tensor,  # [B] int
+    scale: float,
+    *,
+    num_decodes: int | None = None,
+    query_lens: list[int] | None = None,
+    seq_lens_list: list[int] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of a flat batch of prefill chunks and decodes over paged K/V (see module doc).
+
+    The optional host-side arguments (``num_decodes``: how many leading sequences are single-token
+    decodes, ``query_lens``/``seq_lens_list``: the same lengths as Python ints) save device syncs when
+    the caller already knows them; they are derived from the tensors otherwise.
+    """
+    if out is None:
+        out = torch.empty_like(query)
+    if query.shape[0] == 0:
+        return out
+    if query_lens is None:
+        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
+    if seq_lens_list is None:
+        seq_lens_list = seq_lens.tolist()
+    if num_decodes is None:
+        num_decodes = 0
+        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+            num_decodes += 1
+    if num_decodes > 0:
+        out[:num_decodes] = _decode_attention(
+            query[:num_decodes],
+            key_cache,
+            value_cache,
+            block_tables[:num_decodes],
+            seq_lens[:num_decodes],
+            max(seq_lens_list[:num_decodes]),
+            scale,
+        )
+    start = num_decodes  # decodes own exactly one token each, so token index == sequence index
+    for b in range(num_decodes, len(query_lens)):
+        n = query_lens[b]
+        if n > 0:
+            out[start : start + n] = _prefill_attention(
+                query[start : start + n], key_cache, value_cache, block_tables[b], seq_lens_list[b], scale
+            )
+        start += n
+    return out
+
+
+def paged_attention_naive(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The oracle: one sequence at a time, every step written out, math in float32."""
+    num_heads = query.shape[1]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        q_start, q_end = starts[b], starts[b + 1]
+        n = q_end - q_start
+        if n == 0:
+            continue
+        slots = [
+            int(block_tables[b, pos // block_size]) * block_size + pos % block_size for pos in range(seq_len)
+        ]
+        k = key_cache.view(-1, num_kv_heads, key_cache.shape[3])[slots].float()  # [L, Hkv, D]
+        v = value_cache.view(-1, num_kv_heads, value_cache.shape[3])[slots].float()
+        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v.repeat_interleave(group, dim=1)
+        q = query[q_start:q_end].float()  # [n, Hq, D]
+        scores = torch.einsum("nhd,lhd->hnl", q, k) * scale  # [Hq, n, L]
+        q_pos = torch.arange(seq_len - n, seq_len)[:, None]
+        k_pos = torch.arange(seq_len)[None, :]
+        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.einsum("hnl,lhd->nhd", probs, v)
+    return out.to(query.dtype)

@@ -1,0 +1,186 @@
+"""Triton kernel that writes the step's new K and V into their cache pages (layout: ``reference.py``).
+
+One program per (token, group of KV heads): it reads the token's slot, skips the token when the slot is
+negative (padding, or a token whose K/V must not be stored), and otherwise copies a
+``[BLOCK_H, D_PAD]`` tile of K and one of V into ``cache[slot // block_size, slot % block_size]``.
+``D_PAD`` is the head size rounded up to a power of two; masks cover the padding, so any head size
+works. Values are cast to the cache's dtype on store (fp32, fp16 or bf16). Slots at or past the end of
+the cache are skipped too, so a bad slot can never write outside the cache (the torch reference
+raises on them instead; a kernel cannot).
+
+The launcher checks shapes, dtypes, devices and the strides the kernel relies on (the head dimension
+must be contiguous; every other dimension may have any stride, so transposed views work without a
+copy) and raises ``ValueError`` saying what is wrong and how to fix it. The helpers ``_fail``,
+``_check_float``, ``_check_int`` and ``_check_device`` are shared with ``paged_attention.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr,  # [T, Hkv, D]
+    value_ptr,  # [T, Hkv, D]
+    key_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    slot_mapping_ptr,  # [T] int32/int64
+    num_slots,  # num_blocks * BLOCK_SIZE
+    stride_slot_mapping,
+    stride_k_t,
+    stride_k_h,
+    stride_v_t,
+    stride_v_h,
+    stride_kc_blk,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_blk,
+    stride_vc_slot,
+    stride_vc_h,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # KV heads per program (power of two)
+    D_PAD: tl.constexpr,  # HEAD_DIM rounded up to a power of two
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token * stride_slot_mapping).to(tl.int64)
+    if (slot < 0) | (slot >= num_slots):
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    dims = tl.arange(0, D_PAD)  # [D_PAD]
+    mask = (heads < NUM_KV_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]  # [BLOCK_H, D_PAD]
+
+    k = tl.load(key_ptr + token * stride_k_t + heads[:, None] * stride_k_h + dims[None, :], mask=mask)
+    k_dst = key_cache_ptr + block * stride_kc_blk + offset * stride_kc_slot
+    tl.store(
+        k_dst + heads[:, None] * stride_kc_h + dims[None, :], k.to(key_cache_ptr.dtype.element_ty), mask=mask
+    )
+
+    v = tl.load(value_ptr + token * stride_v_t + heads[:, None] * stride_v_h + dims[None, :], mask=mask)
+    v_dst = value_cache_ptr + block * stride_vc_blk + offset * stride_vc_slot
+    tl.store(
+        v_dst + heads[:, None] * stride_vc_h + dims[None, :],
+        v.to(value_cache_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _check_float(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != ndim:
+        _fail(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        _fail(f"{name} has dtype {t.dtype}; the Triton kernels take float32, float16 or bfloat16: cast it")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        _fail(
+            f"{name} needs a contiguous last (head) dimension, got strides {t.stride()}; "
+            f"pass {name}.contiguous() (the other dimensions may have any stride)"
+        )
+
+
+def _check_int(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != ndim:
+        _fail(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _INT_DTYPES:
+        _fail(
+            f"{name} has dtype {t.dtype}; it must be torch.int32 or torch.int64: use {name}.to(torch.int32)"
+        )
+
+
+def _check_device(kernel: object, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device, and that device usable by ``kernel``; returns it.
+
+    Whether a kernel runs in Triton's interpreter is fixed when its module is imported (``triton.jit``
+    reads ``TRITON_INTERPRET`` then), so the kernel object itself is asked, not the environment.
+    """
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        listing = ", ".join(f"{name} on {d}" for name, d in devices.items())
+        _fail(f"all tensors must be on one device, got {listing}; move them with .to(device)")
+    if first.type != "cuda" and isinstance(kernel, triton.runtime.JITFunction):
+        _fail(
+            f"the Triton kernels got {first.type} tensors: they need CUDA tensors, or Triton's interpreter "
+            "to run on the CPU (set TRITON_INTERPRET=1 before importing triton or kvscope); "
+            "or use the torch backend"
+        )
+    return first
+
+
+def store_kv(
+    key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [T] int, < 0 means "do not store"
+) -> None:
+    """Write each token's K and V into its slot (``block * block_size + offset``); negative slots are skipped."""
+    cache_layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
+    _check_float("key_cache", key_cache, 4, cache_layout)
+    _check_float("value_cache", value_cache, 4, cache_layout)
+    if value_cache.shape != key_cache.shape:
+        _fail(
+            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
+        )
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    token_layout = f"[num_tokens, num_kv_heads={num_kv_heads}, head_dim={head_dim}]"
+    _check_float("key", key, 3, token_layout)
+    _check_float("value", value, 3, token_layout)
+    _check_int("slot_mapping", slot_mapping, 1, "[num_tokens]")
+    num_tokens = slot_mapping.shape[0]
+    for name, t in (("key", key), ("value", value)):
+        if tuple(t.shape) != (num_tokens, num_kv_heads, head_dim):
+            _fail(
+                f"{name} has shape {tuple(t.shape)} but the cache and slot_mapping need "
+                f"{(num_tokens, num_kv_heads, head_dim)} = (num_tokens, num_kv_heads, head_dim)"
+            )
+    _check_device(
+        _store_kv_kernel,
+        key=key,
+        value=value,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        slot_mapping=slot_mapping,
+    )
+    if num_tokens == 0 or key_cache.numel() == 0:
+        return
+    d_pad = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_kv_heads), max(1, 4096 // d_pad))  # <= 4096 elements per tile
+    grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
+    _store_kv_kernel[grid](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        num_blocks * block_size,
+        slot_mapping.stride(0),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_H=block_h,
+        D_PAD=d_pad,
+    )

@@ -1,0 +1,346 @@
+"""Engine: requests in, tokens out, one scheduled step at a time (vLLM's ``LLM`` / ``LLMEngine`` shape)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import torch
+
+from . import attention
+from .block_pool import BlockPool
+from .config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelSpec, cdiv
+from .kernels import resolve_backend
+from .kv_cache_manager import KVCacheManager
+from .models import load_model
+from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .telemetry.recorder import Recorder
+
+Prompt = str | list[int]
+
+
+class Engine:
+    """A paged-KV inference engine around an unchanged HuggingFace causal LM.
+
+    ``Engine("tiny")``, ``Engine("smollm2")``, ``Engine("path/to/folder")`` or ``Engine(model, tokenizer=tok)``;
+    keyword arguments are the fields of ``EngineConfig`` (``block_size``, ``num_blocks``, ...).
+    """
+
+    def __init__(self, model: str | torch.nn.Module = "tiny", tokenizer=None, *, config: EngineConfig | None = None, **kwargs) -> None:
+        config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
+        self.config = config
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = _resolve_dtype(config.dtype, self.device)
+        if isinstance(model, str):
+            model, loaded_tok, self.model_name = load_model(model, dtype=dtype)
+            tokenizer = tokenizer or loaded_tok
+        else:
+            self.model_name = type(model).__name__
+        self.tokenizer = tokenizer
+        attention.check_attention_supported(model.config)
+        attention.register()
+        model.set_attn_implementation(attention.ATTN_NAME)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+
+        self.spec = ModelSpec.from_hf_config(model.config, dtype=dtype)
+        self.spec.num_params = sum(p.numel() for p in model.parameters())
+        self.max_model_len = self._resolve_max_model_len(model.config)
+        self.spec.max_model_len = self.max_model_len
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+
+        backend = resolve_backend(config.attention_backend, self.device)
+        self.runner = ModelRunner(self.model, self.spec, config.block_size, 1, backend, self.device)
+        num_blocks = self._resolve_num_blocks()
+        self.runner.allocate_kv(num_blocks)
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool)
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.step_index = 0
+        self.recorder: Recorder | None = Recorder(self) if config.telemetry else None
+
+    # ---- sizing ----------------------------------------------------------------------------------
+    def _resolve_max_model_len(self, hf_config) -> int:
+        limit = self.spec.max_model_len
+        window = getattr(hf_config.get_text_config(), "sliding_window", None)
+        wanted = self.config.max_model_len
+        if window:
+            if wanted is not None and wanted > window:
+                raise ValueError(
+                    f"max_model_len={wanted} exceeds the model's sliding window ({window}); kvscope implements "
+                    f"full attention only, which equals sliding-window attention up to {window} tokens: "
+                    f"set max_model_len <= {window}"
+                )
+            limit = min(limit, window)
+        if wanted is not None and wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds what the model supports ({limit})")
+        return wanted or limit
+
+    def _resolve_num_blocks(self) -> int:
+        cfg, bs = self.config, self.config.block_size
+        per_block = self.spec.kv_bytes_per_block(bs)
+        if cfg.num_blocks is not None:
+            return cfg.num_blocks
+        if cfg.kv_cache_memory is not None:
+            budget, source = int(cfg.kv_cache_memory), f"kv_cache_memory={cfg.kv_cache_memory}"
+        elif self.device.type == "cuda":
+            budget, source = self._cuda_kv_budget(), f"{cfg.gpu_memory_utilization:.0%} of free GPU memory"
+        else:
+            needed = cfg.max_num_seqs * cdiv(self.max_model_len, bs) * per_block
+            budget, source = min(DEFAULT_CPU_KV_BYTES, needed), "the CPU default"
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV budget ({source}: {budget} bytes) cannot hold one block: a block of {bs} tokens "
+                f"over {self.spec.num_layers} layers needs {per_block} bytes; give more memory or num_blocks"
+            )
+        return num_blocks
+
+    def _cuda_kv_budget(self) -> int:
+        """Free memory after a forward pass of a full token budget, times gpu_memory_utilization."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._profile_run()
+        free, total = torch.cuda.mem_get_info(self.device)
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free - total * (1 - self.config.gpu_memory_utilization) - activation_peak)
+
+    def _profile_run(self) -> None:
+        """One dummy step of ``max_num_batched_tokens`` prompt tokens through a scratch cache."""
+        n = min(self.config.max_num_batched_tokens, self.max_model_len)
+        bs = self.config.block_size
+        self.runner.allocate_kv(cdiv(n, bs))
+        pool = BlockPool(cdiv(n, bs), bs, enable_caching=False)
+        sched = Scheduler(self.config, KVCacheManager(pool), self.max_model_len)
+        req = Request("profile", [0] * n, SamplingParams(max_tokens=1))
+        sched.add_request(req)
+        inp = self.runner.prepare(sched.schedule())
+        self.runner.forward(inp)
+        self.runner.allocate_kv(1)
+
+    # ---- requests --------------------------------------------------------------------------------
+    def make_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+        """Validate a prompt and its parameters into a ``Request`` (raises ``ValueError`` naming the problem)."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
+        text = None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass prompts as lists of token ids")
+            text = prompt
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            token_ids = [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.spec.vocab_size
+        if vocab and not all(0 <= t < vocab for t in token_ids):
+            raise ValueError(f"the prompt has token ids outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens but the model allows at most {self.max_model_len - 1} "
+                f"(max_model_len={self.max_model_len}, one position is needed for the output): shorten it"
+            )
+        request_id = request_id or next_request_id()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return Request(
+            request_id, token_ids, params, prompt=text, arrival_time=time.perf_counter()
+        )
+
+    def add_request(self, prompt: Prompt | Request, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+        if self.recorder is not None:
+            self.recorder.request_event("queued", request)
+        return request.request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request wherever it is; its blocks return to the pool. False if it is unknown or done."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        self.scheduler.drop_finished_running()
+        if self.recorder is not None:
+            self.recorder.request_event("finished", request)
+        return True
+
+    def abort_all(self) -> None:
+        for request_id in list(self.requests):
+            self.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step ----------------------------------------------------------------------------------
+    def step(self) -> list[StreamDelta]:
+        """Schedule, run the model once over the packed batch, sample, and update requests.
+
+        Returns one ``StreamDelta`` per request that got a token or finished (``text`` left empty).
+        If the forward pass raises, every request of that batch ends with status ``error``, the
+        blocks cached for it are forgotten, and the exception propagates; the engine stays usable.
+        """
+        t0 = time.perf_counter_ns()
+        self.kv.cached_this_step = []
+        sched = self.scheduler.schedule()
+        deltas = [self._finish(r, r.status) for r in sched.failed]
+        t1 = time.perf_counter_ns()
+        if sched.is_empty:
+            if self.recorder is not None and (sched.failed or sched.preempted):
+                self.recorder.record_step(sched, None, (t0, t1, t1, t1, t1, time.perf_counter_ns()))
+            return deltas
+        inp = self.runner.prepare(sched)
+        t2 = time.perf_counter_ns()
+        try:
+            logits = self.runner.forward(inp)
+            t3 = time.perf_counter_ns()
+            sampled = self.runner.sample(logits, inp)
+        except BaseException as exc:
+            self._fail_batch(sched, exc)
+            raise
+        t4 = time.perf_counter_ns()
+        for request, n in zip(sched.requests, sched.num_tokens):
+            request.num_computed_tokens += n
+        for request, token in zip(inp.sample_requests, sampled):
+            deltas.append(self._append_token(request, token))
+        self.scheduler.drop_finished_running()
+        if self.recorder is not None:
+            self.recorder.record_step(sched, inp, (t0, t1, t2, t3, t4, time.perf_counter_ns()))
+        self.step_index += 1
+        return deltas
+
+    def _append_token(self, request: Request, token: int) -> StreamDelta:
+        request.append_token(token)
+        params = request.sampling_params
+        if request.num_output_tokens == 1 and self.recorder is not None:
+            self.recorder.request_event("first_token", request)
+        status = None
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            status = RequestStatus.FINISHED_STOPPED
+        elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        if status is None:
+            return StreamDelta(request.request_id, request.index, token, "", False)
+        delta = self._finish(request, status)
+        delta.token_id = token
+        return delta
+
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> StreamDelta:
+        self.scheduler.finish(request, status, error)
+        request.status = status  # failed requests were marked by the scheduler already
+        self.requests.pop(request.request_id, None)
+        if self.recorder is not None:
+            self.recorder.request_event("finished", request)
+        return StreamDelta(request.request_id, request.index, None, "", True, status.value)
+
+    def _fail_batch(self, sched, exc: BaseException) -> None:
+        self.kv.rollback_step()
+        message = f"the forward pass failed: {type(exc).__name__}: {exc}"
+        status = RequestStatus.FINISHED_ABORTED if isinstance(exc, KeyboardInterrupt) else RequestStatus.FINISHED_ERROR
+        for request in sched.requests:
+            if not request.is_finished:
+                self._finish(request, status, message)
+        self.scheduler.drop_finished_running()
+
+    # ---- convenience ---------------------------------------------------------------------------
+    def _make_requests(self, prompts: Prompt | Sequence[Prompt], params) -> list[Request]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        requests = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+            try:
+                request = self.make_request(prompt, p)
+            except ValueError as exc:
+                raise ValueError(f"prompt {i}: {exc}") from None
+            request.index = i
+            requests.append(request)
+        return requests
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion; one ``RequestOutput`` per prompt, in order.
+
+        All prompts are validated before any runs. A request that cannot run (e.g. larger than the
+        whole pool) comes back with ``finish_reason == "error"`` and ``error`` set; the rest go on.
+        On an exception or KeyboardInterrupt every request of this call is aborted before it propagates.
+        """
+        requests = self._make_requests(prompts, params)
+        for request in requests:
+            self.add_request(request)
+        try:
+            while any(not r.is_finished for r in requests):
+                self.step()
+        except BaseException:
+            for request in requests:
+                self.abort(request.request_id)
+            raise
+        return [self.output(r) for r in requests]
+
+    def stream(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[StreamDelta]:
+        """Yield tokens as they are produced (with the text each adds), then a final delta per request."""
+        requests = self._make_requests(prompts, params)
+        by_id = {r.request_id: r for r in requests}
+        texts = dict.fromkeys(by_id, "")
+        for request in requests:
+            self.add_request(request)
+        try:
+            while any(not r.is_finished for r in requests):
+                for delta in self.step():
+                    request = by_id.get(delta.request_id)
+                    if request is None:
+                        continue
+                    if self.tokenizer is not None:
+                        text = self.decode(request.output_token_ids)
+                        delta.text, texts[delta.request_id] = text[len(texts[delta.request_id]) :], text
+                    yield delta
+        finally:
+            for request in requests:
+                self.abort(request.request_id)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def output(self, request: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.output_token_ids),
+            text=self.decode(request.output_token_ids),
+            finish_reason=request.finish_reason,
+            error=request.error,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions,
+        )
+
+
+def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[dtype]
+    except KeyError:
+        raise ValueError(f"dtype={dtype!r} must be one of float32, float16, bfloat16 or auto") from None
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    """The token ids that end a request, as ``generate`` reads them (generation config, else tokenizer)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset(eos) if isinstance(eos, (list, tuple, set)) else frozenset([eos])

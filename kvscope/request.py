@@ -1,0 +1,146 @@
+"""Requests, their sampling parameters and their outputs."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens for one request. ``temperature=0`` is greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer of at least 1")
+        if not self.temperature >= 0.0:  # also catches NaN
+            raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 means greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be a non-negative integer (0 turns it off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 turns it off)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} must be an integer or None")
+        self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.value in ("stop", "length", "abort", "error")
+
+
+_request_counter = itertools.count()
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One sequence: its tokens, where its KV lives, and how far the model has got.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; ``block_ids`` is the block table.
+    When ``num_computed_tokens == num_tokens`` the next step decodes one token; below that it prefills.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    prompt: str | None = None
+    arrival_time: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list = field(default_factory=list)  # BlockHash per full block of all_token_ids
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first schedule; -1 until then
+    num_preemptions: int = 0
+    error: str | None = None
+    generator: torch.Generator | None = None
+    index: int = 0  # position in the caller's list (generate / stream)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+        if self.sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+
+def next_request_id() -> str:
+    return f"req-{next(_request_counter)}"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What ``Engine.generate`` returns per prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    error: str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """One new token of one request, as ``Engine.stream`` yields it."""
+
+    request_id: str
+    index: int
+    token_id: int | None
+    text: str
+    finished: bool
+    finish_reason: str | None = None

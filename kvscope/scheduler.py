@@ -1,0 +1,154 @@
+"""Continuous batching under one token budget per step (the scheduling idea of vLLM v1).
+
+There are no separate prefill and decode phases. Each step the scheduler hands out at most
+``max_num_batched_tokens`` tokens and keeps at most ``max_num_seqs`` requests running:
+
+1. **Running requests first**, in admission order. A request in decode gets 1 token; one still
+   prefilling gets the rest of its prompt, cut to what is left of the budget (a *chunk*). If the pool
+   cannot hold the new tokens, the most recently admitted running request is **preempted**: its blocks
+   are freed (cached ones stay findable, so resuming is often cheap), its progress is reset to zero,
+   and it goes to the front of the waiting queue to be recomputed later.
+2. **Then waiting requests**, in arrival order, only if nobody was preempted this step: each first
+   looks up its prompt in the prefix cache, then gets a chunk of what remains. A request that could
+   never fit in the whole pool fails at once with a reason, so it cannot stall the queue.
+
+The result is a ``SchedulerOutput``; the engine runs it and then calls ``update_after_step``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .config import EngineConfig
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes: ``requests[i]`` gets ``num_tokens[i]`` new tokens."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    is_decode: list[bool] = field(default_factory=list)  # one new token after an output token
+    admitted: list[Request] = field(default_factory=list)  # left the waiting queue this step
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # could never fit; finished with an error
+    total_num_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._schedule_running(out)
+        if not out.preempted:
+            self._schedule_waiting(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> None:
+        i = 0
+        while i < len(self.running) and out.total_num_tokens < self.config.max_num_batched_tokens:
+            request = self.running[i]
+            budget = self.config.max_num_batched_tokens - out.total_num_tokens
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()  # the most recently admitted
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    return
+            self._add(out, request, num_new)
+            i += 1
+
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
+        cfg = self.config
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            budget = cfg.max_num_batched_tokens - out.total_num_tokens
+            if budget <= 0:
+                break
+            request = self.waiting[0]
+            final_len = min(request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len)
+            if not self.kv.can_fit(request, final_len):
+                self.waiting.popleft()
+                bs, total = self.kv.block_size, self.kv.pool.num_blocks
+                request.status = RequestStatus.FINISHED_ERROR
+                request.error = (
+                    f"request {request.request_id} needs {-(-final_len // bs)} blocks of {bs} tokens "
+                    f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
+                    "raise num_blocks / kv_cache_memory, or lower max_tokens"
+                )
+                out.failed.append(request)
+                continue
+            hits = self.kv.get_computed_blocks(request)
+            num_computed = len(hits) * self.kv.block_size
+            num_new = request.num_tokens - num_computed
+            if not cfg.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(request, num_new, hits):
+                break  # wait for running requests to free blocks
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.admitted.append(request)
+            self._add(out, request, num_new)
+
+    @staticmethod
+    def _add(out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.requests.append(request)
+        out.num_tokens.append(num_new)
+        out.is_decode.append(num_new == 1 and request.num_output_tokens > 0)
+        out.total_num_tokens += num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- after the step --------------------------------------------------------------------------
+    def finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+        """End a request (stop, length, abort or error) and free its blocks. Idempotent."""
+        if request.is_finished:
+            return
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        else:
+            try:
+                self.running.remove(request)
+            except ValueError:
+                pass
+        self.kv.free(request)
+        request.status = status
+        if error is not None:
+            request.error = error
+
+    def drop_finished_running(self) -> None:
+        self.running = [r for r in self.running if not r.is_finished]
