@@ -1,40 +1,36 @@
-"""One Triton kernel for paged attention over a flat batch that mixes prefill chunks and decodes.
+"""One Triton kernel for paged attention over a flat batch mixing prefill chunks and decodes.
 
-Layout and semantics are those of ``reference.py``: query ``i`` of sequence ``b`` sits at position
-``seq_lens[b] - q_len + i`` and attends causally to positions ``0..that`` of the sequence's pages.
+Semantics of ``reference.py``: query ``i`` of sequence ``b`` sits at position ``seq_lens[b] - q_len + i``
+and attends causally to positions ``0..that`` of the sequence's pages. Tiling (FlashAttention-2 style,
+the scheme of vLLM's Triton "unified attention"):
 
-Tiling (FlashAttention-2 style, the scheme of vLLM's Triton "unified attention"):
+- A program owns one *q-block* (``BLOCK_Q`` consecutive queries of one sequence) and one KV head. Its
+  ``BLOCK_M`` rows are (token, query head) pairs, row ``m`` = token ``m // GROUP``, head
+  ``kv_head * GROUP + m % GROUP``: the query heads of a KV head share each read of K/V (GQA without
+  repeating K/V), and GQA decodes fill the >= 16 rows ``tl.dot`` needs with real heads.
+- Grid axis 0 walks the batch's q-blocks without host-side lengths: sequence ``b``'s q-blocks start at
+  ``query_start_loc[b] // BLOCK_Q + b``, which grows with ``b``; a binary search finds a program's
+  sequence, and ``T // BLOCK_Q + B`` programs cover any batch (spare ones return at once).
+- K/V stream in tiles of ``TILE_N`` positions, each mapped to its page on its own
+  (``block_tables[b, pos // block_size]``), so tiles need not match pages: any power-of-two block size
+  works and entries past a sequence's pages are never read. Head sizes pad to a power of two (``D_PAD``).
+- Masks: key ``pos`` is visible to a row when ``pos <=`` the row's position (causal over the cached
+  prefix); a q-block reads keys ``[0, context_len + its last query + 1)``, a decode exactly ``seq_len``.
+- Online softmax in fp32, base 2 (``scale * log2 e`` folded into the scores), with rows that see nothing
+  yet guarded against NaN. ``P`` is cast to the K/V dtype for ``P @ V`` as in FlashAttention; fp32
+  inputs use IEEE dots (no TF32), so fp32 matches the fp32 oracle to ~1e-6.
 
-- A program owns one *q-block* (``BLOCK_Q`` consecutive query tokens of one sequence) and one KV head.
-  Its ``BLOCK_M`` rows are (token, query head) pairs, row ``m`` being token ``m // GROUP`` and query head
-  ``kv_head * GROUP + m % GROUP``: the query heads of a KV head share one read of K/V (GQA without
-  repeating K/V), and a decode with GQA fills the >= 16 rows ``tl.dot`` needs with real heads.
-- Grid axis 0 walks the q-blocks of the whole batch with no host-side lengths: sequence ``b`` owns the
-  q-blocks from ``query_start_loc[b] // BLOCK_Q + b`` on, a start that grows with ``b``, so a binary
-  search finds a program's sequence and ``T // BLOCK_Q + B`` programs cover any batch (spares return).
-- K/V stream in tiles of ``TILE_N`` positions, each position mapped to its page on its own
-  (``block_tables[b, pos // block_size]``): the tile size is independent of the block size, any
-  power-of-two block size works, and block-table entries past the sequence are never read. Head sizes
-  are padded to a power of two (``D_PAD``) under masks.
-- Masking: key ``pos`` is visible to a row when ``pos <= the row's query position`` (causal relative to
-  the cached prefix); a q-block reads keys ``[0, kv_end)``, ``kv_end = context_len + last query + 1``,
-  so a decode reads exactly ``seq_len`` keys. Rows past the sequence's queries are masked.
-- Online softmax in fp32, base 2 (``scale * log2 e`` folded into the scores): running max ``m``, sum
-  ``l`` and accumulator rescaled by ``exp2(m_old - m_new)``; a row with nothing visible yet keeps
-  ``m = -inf`` and is guarded against NaN. ``P`` is cast to the K/V dtype for ``P @ V`` (as
-  FlashAttention does); fp32 uses IEEE dots, not TF32, so it matches the fp32 oracle to ~1e-6.
+Split-KV (flash-decoding): a few long decodes give few programs and idle SMs, so the same kernel takes a
+third grid axis of ``NUM_SPLITS`` segments, each an equal share of the q-block's KV tiles, writing its
+unnormalised ``acc`` and its ``m``, ``l`` to fp32 scratch; ``_merge_splits_kernel`` returns
+``sum_s w_s acc_s / sum_s w_s l_s``, ``w_s = exp2(m_s - max m)``. The launcher splits only on CUDA, when
+``(T // BLOCK_Q + B) * Hkv`` programs would not fill the SMs and the longest context (``seq_lens_list``,
+else the block table's capacity) is >= 1024. One kernel with a constexpr switch, rather than a separate
+decode kernel, keeps one copy of the masking and softmax; splits are valid for prefill chunks too, and
+the tests force them on mixed batches.
 
-Split-KV (flash-decoding): a few long decodes make few programs and leave most SMs idle, so the same
-kernel takes a third grid axis of ``NUM_SPLITS`` segments, each an equal share of the q-block's KV
-tiles, writing its unnormalised ``acc``, ``m`` and ``l`` to fp32 scratch; ``_merge_splits_kernel`` then
-computes ``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max m)``. The launcher splits only
-on CUDA, when ``(T // BLOCK_Q + B) * Hkv`` programs would not fill the SMs and the longest context
-(``seq_lens_list`` when given, otherwise the block table's capacity) is >= 1024. One kernel with a
-constexpr switch, not a second decode kernel, keeps a single copy of the masking and softmax; the
-split path is valid for prefill chunks too, and the tests force it on mixed batches.
-
-Triton 3.9's interpreter multiplies raw bf16 bits in ``tl.dot``; under the interpreter bf16 tiles are
-therefore upcast to fp32 before the dots (``DOT_FP32``). Compiled kernels keep bf16 dots.
+Triton 3.9's interpreter multiplies the raw bits of bf16 in ``tl.dot``, so under the interpreter bf16
+tiles are upcast to fp32 before the dots (``DOT_FP32``); compiled kernels keep bf16 dots.
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .store_kv import _check_device, _check_float, _check_int, _fail
+from .store_kv import _check_caches, _check_device, _check_float, _check_int, _fail
 
 _LOG2E = 1.4426950408889634
 
@@ -66,43 +62,30 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr,  # [T, Hq, D]                          written when NUM_SPLITS == 1
-    part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32   written when NUM_SPLITS > 1
-    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32 (m, l) written when NUM_SPLITS > 1
+    out_ptr,  # [T, Hq, D]                            written when NUM_SPLITS == 1
+    part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32     written when NUM_SPLITS > 1
+    part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32 (m, l)   written when NUM_SPLITS > 1
     q_ptr,  # [T, Hq, D]
-    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
-    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] each
     block_tables_ptr,  # [B, max_blocks]
     query_start_loc_ptr,  # [B + 1]
     seq_lens_ptr,  # [B]
     scale_log2,  # softmax scale * log2(e)
-    num_seqs,
-    num_heads,
-    stride_q_t,
-    stride_q_h,
-    stride_o_t,
-    stride_o_h,
-    stride_k_blk,
-    stride_k_slot,
-    stride_k_h,
-    stride_v_blk,
-    stride_v_slot,
-    stride_v_h,
-    stride_bt,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    num_seqs, num_heads,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,  # query, out: token, head
+    stride_k_blk, stride_k_slot, stride_k_h,  # key_cache: block, slot in block, head
+    stride_v_blk, stride_v_slot, stride_v_h,  # value_cache: the same
+    stride_bt,  # block_tables: sequence
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  # head size and its power-of-two padding
     GROUP: tl.constexpr,  # query heads per KV head
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # >= BLOCK_Q * GROUP, power of two
-    TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per page
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,  # queries per program; rows, >= BLOCK_Q * GROUP, power of two
+    TILE_N: tl.constexpr,  # key positions per tile
+    NUM_SPLITS: tl.constexpr,  # KV segments (grid axis 2)
     DOT_FP32: tl.constexpr,  # upcast tiles before tl.dot (bf16 under the interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), else "tf32" (ignored for 16-bit)
-):
-    q_block = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+):  # fmt: skip
+    q_block, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
     if seq < 0:  # only when query_start_loc[0] > 0
         return
@@ -182,13 +165,9 @@ def _merge_splits_kernel(
     out_ptr,  # [T, Hq, D]
     part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32
     part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
-    num_heads,
-    stride_o_t,
-    stride_o_h,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
+    num_heads, stride_o_t, stride_o_h,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     part = (token * num_heads + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)  # [NUM_SPLITS]
@@ -205,19 +184,12 @@ def _merge_splits_kernel(
 
 
 def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out):
-    cache_layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
-    _check_float("key_cache", key_cache, 4, cache_layout)
-    _check_float("value_cache", value_cache, 4, cache_layout)
-    if value_cache.shape != key_cache.shape:
-        _fail(
-            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
-        )
-    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    _, block_size, num_kv_heads, head_dim = _check_caches(key_cache, value_cache)
     _check_float("query", query, 3, f"[num_tokens, num_heads, head_dim={head_dim}]")
     num_heads = query.shape[1]
     if query.shape[2] != head_dim:
         _fail(f"query has head_dim {query.shape[2]} but the caches have {head_dim}; they must match")
-    if num_kv_heads == 0 or num_heads % num_kv_heads:
+    if num_heads % num_kv_heads:
         _fail(
             f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} (grouped-query attention)"
         )
@@ -242,11 +214,11 @@ def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, 
             _fail(
                 f"out is {tuple(out.shape)} {out.dtype}; it must match query: {tuple(query.shape)} {query.dtype}"
             )
-    tensors = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables)
-    tensors.update(
-        query_start_loc=query_start_loc, seq_lens=seq_lens, **({} if out is None else {"out": out})
-    )
-    return _check_device(_paged_attention_kernel, **tensors)
+    extra = {} if out is None else {"out": out}
+    return _check_device(
+        _paged_attention_kernel, query=query, key_cache=key_cache, value_cache=value_cache,
+        block_tables=block_tables, query_start_loc=query_start_loc, seq_lens=seq_lens, **extra,
+    )  # fmt: skip
 
 
 def paged_attention(
@@ -273,12 +245,10 @@ def paged_attention(
 
 
 def _tile_config(elem_bytes: int, d_pad: int, group: int, decode_only: bool) -> tuple[int, int]:
-    """(BLOCK_M, TILE_N). Checked with ptxas for sm_80/89/90 at num_warps=4: no register spills, and
-    shared memory under the 99 KiB of sm_86/89. fp32 (IEEE dots) gets half-sized tiles."""
+    """(BLOCK_M, TILE_N) at num_warps=4. Checked with ptxas for sm_80/89/90: no register spills, and shared
+    memory within the 99 KiB of sm_86/89. fp32 (IEEE dots) and head size 256 get smaller tiles."""
     wide = elem_bytes >= 4 or d_pad > 128
-    tile_n = 32 if wide else 64
-    if elem_bytes >= 4 and d_pad > 128:
-        tile_n = 16
+    tile_n = 16 if elem_bytes >= 4 and d_pad > 128 else (32 if wide else 64)
     block_m = 16 if decode_only else (32 if wide else 64)
     return max(block_m, triton.next_power_of_2(group)), tile_n
 

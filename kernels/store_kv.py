@@ -11,7 +11,7 @@ raises on them instead; a kernel cannot).
 The launcher checks shapes, dtypes, devices and the strides the kernel relies on (the head dimension
 must be contiguous; every other dimension may have any stride, so transposed views work without a
 copy) and raises ``ValueError`` saying what is wrong and how to fix it. The helpers ``_fail``,
-``_check_float``, ``_check_int`` and ``_check_device`` are shared with ``paged_attention.py``.
+``_check_float``, ``_check_int``, ``_check_caches`` and ``_check_device`` are shared with ``paged_attention.py``.
 """
 
 from __future__ import annotations
@@ -26,29 +26,18 @@ _INT_DTYPES = (torch.int32, torch.int64)
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr,  # [T, Hkv, D]
-    value_ptr,  # [T, Hkv, D]
-    key_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
-    value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    key_ptr, value_ptr,  # [T, Hkv, D] each
+    key_cache_ptr, value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] each
     slot_mapping_ptr,  # [T] int32/int64
     num_slots,  # num_blocks * BLOCK_SIZE
     stride_slot_mapping,
-    stride_k_t,
-    stride_k_h,
-    stride_v_t,
-    stride_v_h,
-    stride_kc_blk,
-    stride_kc_slot,
-    stride_kc_h,
-    stride_vc_blk,
-    stride_vc_slot,
-    stride_vc_h,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h,  # key, value: token, head
+    stride_kc_blk, stride_kc_slot, stride_kc_h,  # key_cache: block, slot in block, head
+    stride_vc_blk, stride_vc_slot, stride_vc_h,  # value_cache: the same
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,  # KV heads per program (power of two)
     D_PAD: tl.constexpr,  # HEAD_DIM rounded up to a power of two
-):
+):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token * stride_slot_mapping).to(tl.int64)
     if (slot < 0) | (slot >= num_slots):
@@ -104,6 +93,22 @@ def _check_int(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
         )
 
 
+def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike; returns that shape."""
+    layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
+    _check_float("key_cache", key_cache, 4, layout)
+    _check_float("value_cache", value_cache, 4, layout)
+    if value_cache.shape != key_cache.shape:
+        _fail(
+            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
+        )
+    if 0 in key_cache.shape[1:]:
+        _fail(
+            f"key_cache has shape {tuple(key_cache.shape)}: block_size, num_kv_heads and head_dim must be > 0"
+        )
+    return tuple(key_cache.shape)
+
+
 def _check_device(kernel: object, **tensors: torch.Tensor) -> torch.device:
     """All tensors on one device, and that device usable by ``kernel``; returns it.
 
@@ -132,14 +137,7 @@ def store_kv(
     slot_mapping: torch.Tensor,  # [T] int, < 0 means "do not store"
 ) -> None:
     """Write each token's K and V into its slot (``block * block_size + offset``); negative slots are skipped."""
-    cache_layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
-    _check_float("key_cache", key_cache, 4, cache_layout)
-    _check_float("value_cache", value_cache, 4, cache_layout)
-    if value_cache.shape != key_cache.shape:
-        _fail(
-            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
-        )
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    num_blocks, block_size, num_kv_heads, head_dim = _check_caches(key_cache, value_cache)
     token_layout = f"[num_tokens, num_kv_heads={num_kv_heads}, head_dim={head_dim}]"
     _check_float("key", key, 3, token_layout)
     _check_float("value", value, 3, token_layout)

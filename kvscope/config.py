@@ -7,6 +7,7 @@ fails at construction with a message that names the field and a fix.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,12 +104,18 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or not _is_power_of_two(self.block_size) or self.block_size > 256:
+        if (
+            not isinstance(self.block_size, int)
+            or not _is_power_of_two(self.block_size)
+            or self.block_size > 256
+        ):
             raise ValueError(
                 f"block_size={self.block_size!r} must be a power of two between 1 and 256 (16 is a good default)"
             )
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
-            raise ValueError(f"num_blocks={self.num_blocks!r} must be a positive integer (or None to size it)")
+            raise ValueError(
+                f"num_blocks={self.num_blocks!r} must be a positive integer (or None to size it)"
+            )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} must be a positive number of bytes")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -125,23 +132,18 @@ class EngineConfig:
             )
 
 
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
 def parse_bytes(text: str | int | float) -> int:
-    """'40GiB', '512MB', '1.5G', 1024 -> bytes. Binary units for both spellings (GB == GiB)."""
+    """'40GiB', '512MB', '1.5G', 1024 -> bytes. Binary units for both spellings (GB == GiB), as the
+    course's worked examples use them."""
     if isinstance(text, (int, float)):
         return int(text)
-    s = text.strip().upper().replace(" ", "")
-    units = {"TIB": 1 << 40, "TB": 1 << 40, "T": 1 << 40, "GIB": GiB, "GB": GiB, "G": GiB,
-             "MIB": MiB, "MB": MiB, "M": MiB, "KIB": 1024, "KB": 1024, "K": 1024, "B": 1}
-    for unit, scale in units.items():
-        if s.endswith(unit):
-            number = s[: -len(unit)]
-            break
-    else:
-        number, scale = s, 1
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a size; write it like '40GiB', '512MiB' or a byte count") from None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
+    if match is None:
+        raise ValueError(f"cannot read {text!r} as a size; write it like '40GiB', '512MiB' or a byte count")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
-    return int(value * scale)
+    return int(value)

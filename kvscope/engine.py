@@ -17,6 +17,7 @@ from .models import load_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .telemetry.profiler import NULL_MARKS
 from .telemetry.recorder import Recorder
 
 Prompt = str | list[int]
@@ -29,7 +30,14 @@ class Engine:
     keyword arguments are the fields of ``EngineConfig`` (``block_size``, ``num_blocks``, ...).
     """
 
-    def __init__(self, model: str | torch.nn.Module = "tiny", tokenizer=None, *, config: EngineConfig | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        model: str | torch.nn.Module = "tiny",
+        tokenizer=None,
+        *,
+        config: EngineConfig | None = None,
+        **kwargs,
+    ) -> None:
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
         self.config = config
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -61,6 +69,7 @@ class Engine:
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.step_index = 0
         self.recorder: Recorder | None = Recorder(self) if config.telemetry else None
+        self.phase_marks = NULL_MARKS  # record_function ranges while a Profiler window is open
 
     # ---- sizing ----------------------------------------------------------------------------------
     def _resolve_max_model_len(self, hf_config) -> int:
@@ -105,7 +114,9 @@ class Engine:
         torch.cuda.reset_peak_memory_stats(self.device)
         self._profile_run()
         free, total = torch.cuda.mem_get_info(self.device)
-        activation_peak = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(self.device)
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(
+            self.device
+        )
         return int(free - total * (1 - self.config.gpu_memory_utilization) - activation_peak)
 
     def _profile_run(self) -> None:
@@ -122,7 +133,9 @@ class Engine:
         self.runner.allocate_kv(1)
 
     # ---- requests --------------------------------------------------------------------------------
-    def make_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+    def make_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Request:
         """Validate a prompt and its parameters into a ``Request`` (raises ``ValueError`` naming the problem)."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -148,11 +161,11 @@ class Engine:
         request_id = request_id or next_request_id()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return Request(
-            request_id, token_ids, params, prompt=text, arrival_time=time.perf_counter()
-        )
+        return Request(request_id, token_ids, params, prompt=text, arrival_time=time.perf_counter())
 
-    def add_request(self, prompt: Prompt | Request, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt: Prompt | Request, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
         request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
@@ -187,6 +200,8 @@ class Engine:
         blocks cached for it are forgotten, and the exception propagates; the engine stays usable.
         """
         t0 = time.perf_counter_ns()
+        marks = self.phase_marks
+        marks.begin("schedule")
         self.kv.cached_this_step = []
         sched = self.scheduler.schedule()
         deltas = [self._finish(r, r.status) for r in sched.failed]
@@ -194,26 +209,39 @@ class Engine:
         if sched.is_empty:
             if self.recorder is not None and (sched.failed or sched.preempted):
                 self.recorder.record_step(sched, None, (t0, t1, t1, t1, t1, time.perf_counter_ns()))
+                self.step_index += 1  # a recorded step: keep step indices unique
             return deltas
+        marks.begin("prepare")
         inp = self.runner.prepare(sched)
         t2 = time.perf_counter_ns()
+        marks.begin("forward")
         try:
             logits = self.runner.forward(inp)
             t3 = time.perf_counter_ns()
+            marks.begin("sample")
             sampled = self.runner.sample(logits, inp)
         except BaseException as exc:
             self._fail_batch(sched, exc)
             raise
         t4 = time.perf_counter_ns()
+        marks.begin("update")
         for request, n in zip(sched.requests, sched.num_tokens):
             request.num_computed_tokens += n
         for request, token in zip(inp.sample_requests, sampled):
             deltas.append(self._append_token(request, token))
         self.scheduler.drop_finished_running()
+        marks.end()
         if self.recorder is not None:
             self.recorder.record_step(sched, inp, (t0, t1, t2, t3, t4, time.perf_counter_ns()))
         self.step_index += 1
         return deltas
+
+    def profile(self, num_steps: int = 3, wait: int = 0, warmup: int = 1, **kwargs):
+        """Capture the next steps with torch.profiler: a started ``telemetry.profiler.Profiler``
+        (also a context manager); per-step kernel time by category lands in ``StepRecord.profile``."""
+        from .telemetry.profiler import Profiler
+
+        return Profiler(self, num_steps, wait=wait, warmup=warmup, **kwargs).start()
 
     def _append_token(self, request: Request, token: int) -> StreamDelta:
         request.append_token(token)
@@ -242,7 +270,11 @@ class Engine:
     def _fail_batch(self, sched, exc: BaseException) -> None:
         self.kv.rollback_step()
         message = f"the forward pass failed: {type(exc).__name__}: {exc}"
-        status = RequestStatus.FINISHED_ABORTED if isinstance(exc, KeyboardInterrupt) else RequestStatus.FINISHED_ERROR
+        status = (
+            RequestStatus.FINISHED_ABORTED
+            if isinstance(exc, KeyboardInterrupt)
+            else RequestStatus.FINISHED_ERROR
+        )
         for request in sched.requests:
             if not request.is_finished:
                 self._finish(request, status, message)
@@ -265,7 +297,11 @@ class Engine:
             requests.append(request)
         return requests
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Run prompts to completion; one ``RequestOutput`` per prompt, in order.
 
         All prompts are validated before any runs. A request that cannot run (e.g. larger than the
@@ -284,7 +320,11 @@ class Engine:
             raise
         return [self.output(r) for r in requests]
 
-    def stream(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[StreamDelta]:
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamDelta]:
         """Yield tokens as they are produced (with the text each adds), then a final delta per request."""
         requests = self._make_requests(prompts, params)
         by_id = {r.request_id: r for r in requests}
@@ -330,8 +370,14 @@ def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype in (None, "auto"):
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     try:
-        return {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[dtype]
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+        }[dtype]
     except KeyError:
         raise ValueError(f"dtype={dtype!r} must be one of float32, float16, bfloat16 or auto") from None
 

@@ -41,7 +41,9 @@ class KVCacheManager:
         """Could the whole pool ever hold ``num_tokens`` tokens of this request?"""
         return cdiv(num_tokens, self.block_size) <= self.pool.num_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, hits: list[KVBlock] | None = None) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, hits: list[KVBlock] | None = None
+    ) -> bool:
         """Make room for ``num_new_tokens`` more tokens (after the prefix-cache ``hits``, if any).
 
         Returns False, changing nothing, when the pool has too few free blocks.

@@ -88,6 +88,7 @@ def tiny_config(arch: str = "llama", vocab_size: int = 512, **overrides):
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
+            head_dim=16,
             max_position_embeddings=2048,
             tie_word_embeddings=False,
         )

@@ -17,6 +17,7 @@ The result is a ``SchedulerOutput``; the engine runs it and then calls ``update_
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,22 +87,38 @@ class Scheduler:
             if budget <= 0:
                 break
             request = self.waiting[0]
-            final_len = min(request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len)
+            final_len = min(
+                request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len
+            )
             if not self.kv.can_fit(request, final_len):
                 self.waiting.popleft()
                 bs, total = self.kv.block_size, self.kv.pool.num_blocks
-                request.status = RequestStatus.FINISHED_ERROR
-                request.error = (
-                    f"request {request.request_id} needs {-(-final_len // bs)} blocks of {bs} tokens "
-                    f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
-                    "raise num_blocks / kv_cache_memory, or lower max_tokens"
+                self._fail(
+                    request,
+                    out,
+                    (
+                        f"request {request.request_id} needs {-(-final_len // bs)} blocks of {bs} tokens "
+                        f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
+                        "raise num_blocks / kv_cache_memory, or lower max_tokens"
+                    ),
                 )
-                out.failed.append(request)
                 continue
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
             num_new = request.num_tokens - num_computed
             if not cfg.enable_chunked_prefill and num_new > budget:
+                if num_new > cfg.max_num_batched_tokens:  # would never fit in one step
+                    self.waiting.popleft()
+                    self._fail(
+                        request,
+                        out,
+                        (
+                            f"request {request.request_id} has {num_new} tokens to prefill but chunked prefill is "
+                            f"off and a step holds {cfg.max_num_batched_tokens}; turn enable_chunked_prefill on "
+                            "or raise max_num_batched_tokens"
+                        ),
+                    )
+                    continue
                 break
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(request, num_new, hits):
@@ -114,6 +131,12 @@ class Scheduler:
             self.running.append(request)
             out.admitted.append(request)
             self._add(out, request, num_new)
+
+    @staticmethod
+    def _fail(request: Request, out: SchedulerOutput, error: str) -> None:
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = error
+        out.failed.append(request)
 
     @staticmethod
     def _add(out: SchedulerOutput, request: Request, num_new: int) -> None:
@@ -136,15 +159,11 @@ class Scheduler:
         if request.is_finished:
             return
         if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(request)
-            except ValueError:
-                pass
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 self.running.remove(request)
-            except ValueError:
-                pass
         self.kv.free(request)
         request.status = status
         if error is not None:

@@ -1,6 +1,7 @@
 """Step telemetry: records, the recorder, memory probes, torch.profiler capture and exports."""
 
-from .records import RequestEvent, StepRecord
+from .probes import MemoryProbe
+from .records import FREE_PAGE, KVState, PageEntry, RequestEvent, ScheduledItem, StepRecord
 from .recorder import Recorder
 
-__all__ = ["Recorder", "RequestEvent", "StepRecord"]
+__all__ = ["FREE_PAGE", "KVState", "MemoryProbe", "PageEntry", "Recorder", "RequestEvent", "ScheduledItem", "StepRecord"]

@@ -1,0 +1,274 @@
+"""``LiveRun``: a ``Run`` whose engine steps in a background thread while a dashboard watches.
+
+Threads:
+
+- the **engine thread** (``kvscope-run``) is the only one that touches the engine: it builds it
+  (loading a model can take seconds), submits the workload, calls ``engine.step()`` until nothing is
+  left, honours stop / pause between steps, and at the end writes the requested files;
+- the **dashboard thread** (``kvscope-dashboard``, see ``widgets/dashboard.py``) is the only one
+  that touches the Bokeh documents; it reads what the recorder published through a ``Feed``;
+- the **caller** (the notebook's main thread) only sets flags (``stop``, ``pause``, ``resume``) and
+  reads results; ``wait`` blocks it until the run is over. A ``KeyboardInterrupt`` during ``wait``
+  (Jupyter's "interrupt kernel") stops the run, waits for it to wind down, and propagates.
+
+Being a ``Run``, a live run has ``steps`` / ``requests`` DataFrames (rebuilt as records arrive),
+``summary()``, ``save_trace()``, ``save_metrics()`` and ``save_html()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine import Engine
+from .request import Request, RequestOutput
+from .run import Run
+from .telemetry.records import RequestEvent, StepRecord
+from .workload import WorkItem
+
+
+@dataclass(slots=True)
+class Outputs:
+    """Files to write when the run ends (each atomically: a temp file, then a rename)."""
+
+    trace: Path | None = None
+    metrics: Path | None = None
+    html: Path | None = None
+    written: dict[str, Path] = field(default_factory=dict)  # kind -> path, once written
+    errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be written
+
+    def wanted(self) -> dict[str, Path]:
+        return {k: p for k, p in (("trace", self.trace), ("metrics", self.metrics), ("html", self.html)) if p}
+
+
+class LiveRun(Run):
+    """A run in progress. ``LiveRun(make_engine, workload).start()``; then ``wait()``, ``stop()``,
+    ``pause()`` / ``resume()``, ``outputs``, ``steps``, ``requests``; shows its dashboard in a notebook.
+
+    ``make_engine`` is an ``Engine`` or a no-argument callable returning one (called on the engine
+    thread, so a slow model load does not block the caller). ``workload`` is a list of ``WorkItem`` or
+    a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
+    between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
+    torch.profiler. ``dashboard=False`` runs without one (scripts, benchmarks).
+    """
+
+    def __init__(
+        self,
+        make_engine: Engine | Callable[[], Engine],
+        workload: Sequence[WorkItem] | Callable[[Engine], Sequence[WorkItem]],
+        *,
+        outputs: Outputs | None = None,
+        step_delay: float = 0.0,
+        profile_steps: int = 0,
+        dashboard: bool = True,
+        dashboard_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__([], [], {})
+        self._make_engine = make_engine
+        self._workload = workload
+        self.workload: list[WorkItem] = [] if callable(workload) else list(workload)
+        self.files = outputs or Outputs()
+        self.step_delay = step_delay
+        self.profile_steps = profile_steps
+        self.engine: Engine | None = None
+        self.error: BaseException | None = None
+        self.status = "starting"
+        self._requests: list[Request] = []
+        self._stop = threading.Event()
+        self._running = threading.Event()  # cleared while paused
+        self._running.set()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._capacity = 100_000
+        self.dashboard = None
+        if dashboard:
+            from .widgets.dashboard import Dashboard
+
+            self.dashboard = Dashboard(control=self, meta=self.meta, **(dashboard_options or {}))
+
+    # ---- control (any thread) ---------------------------------------------------------------------------
+    def start(self) -> LiveRun:
+        if self._thread is not None:
+            raise RuntimeError("this run was already started")
+        self._thread = threading.Thread(target=self._main, name="kvscope-run", daemon=True)
+        self._thread.start()
+        if self.dashboard is not None:
+            self.dashboard.start(lambda: self._done.is_set())
+        return self
+
+    def stop(self) -> None:
+        """Abort every request at the next step boundary and end the run (files are still written)."""
+        self._stop.set()
+        self._running.set()
+
+    def pause(self) -> None:
+        """Hold the engine between steps until ``resume()`` (or ``stop()``)."""
+        if not self.done:
+            self._running.clear()
+            self.status = "paused"
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> LiveRun:
+        """Block until the run (and its dashboard's last update) is over; returns ``self``.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds, the run's own exception if it failed, and
+        ``KeyboardInterrupt`` (after stopping the run cleanly) if interrupted while waiting.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.05):  # short waits keep Ctrl-C / kernel interrupts prompt
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the run is still going after {timeout} s ({self.status})")
+            if self.dashboard is not None:
+                self.dashboard.join()
+        except KeyboardInterrupt:
+            self.stop()
+            self._done.wait()
+            if self.dashboard is not None:
+                self.dashboard.join()
+            raise
+        if self.error is not None:
+            raise self.error
+        return self
+
+    # ---- results (any thread) ---------------------------------------------------------------------------
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """One ``RequestOutput`` per submitted request, in workload order (partial while running)."""
+        engine = self.engine
+        return [engine.output(r) for r in list(self._requests)] if engine is not None else []
+
+    @property
+    def step(self) -> int:
+        """Steps done so far."""
+        return self.records[-1].step + 1 if self.records else 0
+
+    def save_outputs(self) -> dict[str, Path]:
+        """Write the files named in ``files`` now; returns those written (errors in ``files.errors``)."""
+        writers = {"trace": self.save_trace, "metrics": self.save_metrics, "html": self.save_html}
+        for kind, path in self.files.wanted().items():
+            try:
+                self.files.written[kind] = writers[kind](path)
+                self.files.errors.pop(kind, None)
+            except Exception as exc:
+                self.files.errors[kind] = f"{type(exc).__name__}: {exc}"
+        return dict(self.files.written)
+
+    # ---- the engine thread ---------------------------------------------------------------------------
+    def _collect(self, item: StepRecord | RequestEvent) -> None:
+        """Recorder subscriber (engine thread): keep the item, hand it to the dashboard."""
+        if isinstance(item, StepRecord):
+            self.records.append(item)
+            if len(self.records) > 2 * self._capacity:  # as bounded as the recorder's own ring
+                del self.records[: -self._capacity]
+        else:
+            self.events.append(item)
+            if len(self.events) > 8 * self._capacity:
+                del self.events[: -4 * self._capacity]
+        if self.dashboard is not None:
+            self.dashboard.feed.push(item)
+
+    def _build_engine(self) -> Engine:
+        self.status = "loading model"
+        engine = self._make_engine if isinstance(self._make_engine, Engine) else self._make_engine()
+        if engine.recorder is None:
+            raise ValueError("a live run needs an engine with telemetry=True")
+        engine.recorder.clear()
+        from .telemetry.recorder import run_metadata
+
+        self.meta.update(run_metadata(engine))
+        self.meta["t0_ns"] = time.perf_counter_ns()
+        self._capacity = engine.recorder.capacity
+        return engine
+
+    def _main(self) -> None:
+        engine = None
+        unsubscribe = None
+        profiler = None
+        try:
+            engine = self.engine = self._build_engine()
+            if callable(self._workload):
+                self.workload = list(self._workload(engine))
+            unsubscribe = engine.recorder.subscribe(self._collect)
+            for item in self.workload:
+                request = engine.make_request(item.prompt, item.params)
+                self._requests.append(request)
+                engine.add_request(request)
+            profiler = self._start_profiler(engine)
+            self.status = "running"
+            self._loop(engine)
+            self.status = "stopped" if self._stop.is_set() else "finished"
+        except BaseException as exc:  # reported by wait() and on the dashboard
+            self.error = exc
+            self.status = f"failed: {type(exc).__name__}: {exc}"
+        finally:
+            if engine is not None:
+                engine.abort_all()  # publishes the last "finished" events
+                self._finish(engine, profiler, unsubscribe)
+            self._done.set()
+
+    def _loop(self, engine: Engine) -> None:
+        while engine.has_unfinished_requests() and not self._stop.is_set():
+            if not self._running.is_set():
+                self.status = "paused"
+                self._running.wait()
+                self.status = "running"
+                continue
+            engine.step()
+            if self.step_delay:
+                self._stop.wait(self.step_delay)
+
+    def _start_profiler(self, engine: Engine):
+        if not self.profile_steps:
+            return None
+        from .telemetry.profiler import StepProfiler
+
+        return StepProfiler(engine, self.profile_steps).start()
+
+    def _finish(self, engine: Engine, profiler, unsubscribe) -> None:
+        """Engine thread, last: stop profiling, adopt the recorder's snapshot, write the files."""
+        if profiler is not None:
+            try:
+                profiler.stop()
+            except Exception as exc:
+                self.files.errors["profile"] = f"{type(exc).__name__}: {exc}"
+        if unsubscribe is not None:
+            unsubscribe()
+        records, events, meta, profiler_events = engine.recorder.snapshot()
+        meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
+        self.records, self.events, self.profiler_events = records, events, profiler_events
+        self.meta.update(meta)
+        if self.files.wanted():
+            self.status += " · writing files"
+            self.save_outputs()
+            self.status = self.status.removesuffix(" · writing files")
+            if self.files.errors:
+                self.status += " · could not write " + ", ".join(self.files.errors)
+
+    # ---- display -----------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        if self.dashboard is None or self.dashboard.headless:
+            return {"text/plain": repr(self)}
+        return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        display(self)
+
+    def __repr__(self) -> str:
+        return f"<LiveRun {self.meta.get('model', '?')}: {self.status}, {self.step} steps, {len(self.workload)} requests>"

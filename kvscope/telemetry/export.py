@@ -1,0 +1,186 @@
+"""Writing a run: a Perfetto / Chrome trace JSON and a JSON Lines metrics file, both atomically.
+
+Trace layout (Chrome trace event format, ``ts``/``dur`` in microseconds from the run's ``t0_ns``):
+
+- process "kvscope engine" (``ENGINE_PID``), thread "steps": one ``X`` slice per step with its phases
+  (schedule, prepare, forward, sample, update) as child ``X`` slices; counter tracks (``C``) for KV
+  usage, fragmentation, KV bytes (paged vs static reservation), batch tokens, requests, memory.
+- process "kvscope requests" (``REQUESTS_PID``): one async lane per request (``b``/``e`` with the
+  request's index as ``id``): a slice named by the request id spanning queued to finished, with its
+  states (waiting, prefill, decode, preempted) as nested slices.
+- torch.profiler (Kineto) events, when a window was profiled, on their own pids, already moved onto
+  our clock by ``telemetry/profiler.py``.
+- the top-level key ``"kvscope"`` holds the run's metadata and raw records, so ``kvscope.load`` can
+  rebuild the run from the trace alone (Chrome's format allows extra top-level keys).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .metrics import token_times
+from .serialize import event_to_dict, step_to_dict
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+ENGINE_PID = (1 << 30) + 1  # far above Linux pids (<= 2**22) and CUDA device ids, which Kineto uses
+REQUESTS_PID = (1 << 30) + 2
+OUR_PIDS = (ENGINE_PID, REQUESTS_PID)
+TRACE_FORMAT = "kvscope-trace"
+METRICS_FORMAT = "kvscope-metrics"
+FORMAT_VERSION = 1
+PHASES = ("schedule", "prepare", "forward", "sample", "update")
+STATE_COLOURS = {"waiting": "grey", "prefill": "thread_state_runnable", "decode": "good", "preempted": "terrible"}
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> Path:
+    """Write via a temp file in the same folder, flush + fsync, then ``os.replace``: readers see the old
+    file or the whole new one, never a half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- metrics (JSON Lines) -------------------------------------------------------------------------
+def write_metrics(run: Run, path: str | os.PathLike) -> Path:
+    """Header line, then step and event lines in time order, then an end line (so truncation shows)."""
+    def write(f: IO[str]) -> None:
+        f.write(json.dumps({"type": "header", "format": METRICS_FORMAT, "version": FORMAT_VERSION, "meta": run.meta}) + "\n")
+        for kind, item in _time_ordered(run):
+            body = step_to_dict(item) if kind == "step" else event_to_dict(item)
+            f.write(json.dumps({"type": kind, **body}) + "\n")
+        f.write(json.dumps({"type": "end", "num_steps": len(run.records), "num_events": len(run.events)}) + "\n")
+
+    return atomic_write(path, write)
+
+
+def _time_ordered(run: Run) -> Iterable[tuple[str, Any]]:
+    items = [(r.t_end_ns, 1, "step", r) for r in run.records] + [(e.t_ns, 0, "event", e) for e in run.events]
+    items.sort(key=lambda x: (x[0], x[1]))
+    return ((kind, item) for _, _, kind, item in items)
+
+
+# ---- trace (Chrome / Perfetto JSON) ---------------------------------------------------------------
+def write_trace(run: Run, path: str | os.PathLike) -> Path:
+    trace = build_trace(run)
+    return atomic_write(path, lambda f: json.dump(trace, f, separators=(",", ":")))
+
+
+def build_trace(run: Run) -> dict[str, Any]:
+    t0 = run.meta["t0_ns"]
+
+    def us(t_ns: int) -> float:
+        return round((t_ns - t0) / 1000, 3)
+
+    ev: list[dict[str, Any]] = [
+        _meta("process_name", ENGINE_PID, 0, name="kvscope engine"),
+        _meta("process_sort_index", ENGINE_PID, 0, sort_index=0),
+        _meta("thread_name", ENGINE_PID, 1, name="steps"),
+        _meta("process_name", REQUESTS_PID, 0, name="kvscope requests"),
+        _meta("process_sort_index", REQUESTS_PID, 0, sort_index=1),
+    ]
+    for r in run.records:
+        ev.append({"ph": "X", "name": f"step {r.step}", "cat": "step", "pid": ENGINE_PID, "tid": 1,
+                   "ts": us(r.t_start_ns), "dur": round(r.duration_ns / 1000, 3),
+                   "args": {"prefill_tokens": r.num_prefill_tokens, "decode_tokens": r.num_decode_tokens,
+                            "running": r.num_running, "waiting": r.num_waiting, "sampled": r.num_output_tokens}})
+        t = r.t_start_ns
+        for phase in PHASES:
+            d = getattr(r, phase + "_ns")
+            ev.append({"ph": "X", "name": phase, "cat": "phase", "pid": ENGINE_PID, "tid": 1,
+                       "ts": us(t), "dur": round(d / 1000, 3)})
+            t += d
+        ev.extend(_counters(r, us(r.t_end_ns)))
+    ev.extend(_request_lanes(run, us))
+    ev.extend(_shift(run.profiler_events, t0))
+    return {
+        "traceEvents": ev,
+        "displayTimeUnit": "ms",
+        "kvscope": {"format": TRACE_FORMAT, "version": FORMAT_VERSION, "meta": run.meta,
+                    "records": [step_to_dict(r) for r in run.records],
+                    "events": [event_to_dict(e) for e in run.events]},
+    }
+
+
+def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
+
+
+def _counters(r, ts: float) -> list[dict[str, Any]]:
+    kv = r.kv
+    tracks = {
+        "KV usage": {"blocks": kv.block_usage, "tokens": kv.token_usage},
+        "KV fragmentation": {"internal": kv.fragmentation},
+        "KV bytes": {"paged": kv.paged_bytes, "static reservation": kv.static_reservation_bytes},
+        "KV blocks": {"used": kv.blocks_used, "cached free": kv.blocks_cached_free},
+        "batch tokens": {"prefill": r.num_prefill_tokens, "decode": r.num_decode_tokens},
+        "requests": {"running": r.num_running, "waiting": r.num_waiting},
+    }
+    mem = {k: v for k, v in r.memory.items() if k.endswith("_bytes") and isinstance(v, (int, float))}
+    if mem:
+        tracks["memory bytes"] = mem
+    return [{"ph": "C", "name": name, "pid": ENGINE_PID, "ts": ts, "args": args} for name, args in tracks.items()]
+
+
+def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """Per request: (state, start) segments from its events; a resumed request is in "prefill"
+    (recomputing) until its next sampled token, then in "decode"."""
+    tokens = token_times(run.records)
+    by_id: dict[str, list] = {}
+    for e in run.events:
+        by_id.setdefault(e.request_id, []).append(e)
+    out: list[dict[str, Any]] = []
+    for index, (rid, evs) in enumerate(by_id.items()):
+        segments: list[tuple[str, int]] = []
+        for e in evs:
+            if e.kind == "queued":
+                segments.append(("waiting", e.t_ns))
+            elif e.kind == "scheduled":
+                segments.append(("prefill", e.t_ns))
+            elif e.kind == "first_token":
+                segments.append(("decode", e.t_ns))
+            elif e.kind == "preempted":
+                segments.append(("preempted", e.t_ns))
+            elif e.kind == "resumed":
+                segments.append(("prefill", e.t_ns))
+                nxt = next((t for t in tokens.get(rid, ()) if t > e.t_ns), None)
+                if nxt is not None:
+                    segments.append(("decode", nxt))
+        segments.sort(key=lambda s: s[1])
+        finished = next((e for e in evs if e.kind == "finished"), None)
+        end = finished.t_ns if finished else (run.records[-1].t_end_ns if run.records else evs[-1].t_ns)
+        if not segments:
+            continue
+        base = {"cat": "request", "pid": REQUESTS_PID, "tid": 0, "id": index}
+        start = segments[0][1]
+        out.append({**base, "ph": "b", "name": rid, "ts": us(start),
+                    "args": {"prompt_tokens": evs[0].num_prompt_tokens,
+                             "finish_reason": finished.reason if finished else None}})
+        for (state, t), nxt in zip(segments, [*segments[1:], (None, end)]):
+            t_end = max(nxt[1], t)
+            out.append({**base, "ph": "b", "name": state, "ts": us(t), "cname": STATE_COLOURS[state]})
+            out.append({**base, "ph": "e", "name": state, "ts": us(t_end)})
+        out.append({**base, "ph": "e", "name": rid, "ts": us(max(end, start))})
+    return out
+
+
+def _shift(events: list[dict[str, Any]], t0_ns: int) -> list[dict[str, Any]]:
+    """Profiler events carry ``ts`` in absolute perf_counter microseconds; make them run-relative."""
+    off = t0_ns / 1000
+    return [{**e, "ts": round(e["ts"] - off, 3)} if "ts" in e else e for e in events]

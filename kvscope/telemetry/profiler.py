@@ -1,0 +1,252 @@
+"""torch.profiler over a window of engine steps, summarised per step by kernel category.
+
+```python
+with engine.profile(num_steps=4, wait=0, warmup=1) as prof:   # or prof = engine.profile(...) ... prof.stop()
+    engine.generate(prompts, params)
+prof.summaries            # {step: {"attention": ns, "matmul": ns, "store_kv": ns, "sampling": ns, "other": ns, "total": ns}}
+engine.recorder.steps     # the profiled records carry the same dict in ``.profile``
+```
+
+The window follows ``torch.profiler.schedule(wait, warmup, active=num_steps, repeat=1)`` with one
+profiler step per engine step: ``wait`` steps ignored, ``warmup`` steps traced and thrown away, then
+``num_steps`` steps recorded. When the window closes the profiler detaches itself; the engine's step
+loop is back to its no-op phase marks.
+
+While capturing, the engine's phases run inside ``record_function("kvscope.<phase>")`` ranges, and the
+attention kernels inside ``kvscope.store_kv`` / ``kvscope.paged_attention`` (the runner's backend is
+wrapped for the window). Categories: ops under ``kvscope.sample`` are *sampling*, under
+``kvscope.store_kv`` *store_kv*, under ``kvscope.paged_attention`` (or named like attention) *attention*,
+matrix products *matmul*, everything else *other*. On the CPU the time is the ops' self CPU time; on
+CUDA it is the device time of the kernels each op launched.
+
+Kineto stamps events in Unix-epoch nanoseconds (``ts`` microseconds after ``baseTimeNanoseconds`` in
+its JSON); ours are ``perf_counter_ns``. The offset is measured from the phase ranges themselves
+(Kineto's start of each ``kvscope.*`` range minus our clock read just before entering it; median),
+falling back to ``time_ns() - perf_counter_ns()`` read at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from .records import PROFILE_CATEGORIES, StepRecord
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::mv",
+                        "aten::addmv", "aten::_addmm_activation", "aten::linear", "aten::dot"})
+ATTENTION_WORDS = ("attention", "flash", "sdpa", "fmha")
+MATMUL_WORDS = ("gemm", "gemv", "matmul", "cublas", "cutlass", "xmma", "sm80_", "sm90_")
+RANGE_CATEGORY = {"kvscope.sample": "sampling", "kvscope.store_kv": "store_kv", "kvscope.paged_attention": "attention"}
+
+
+class NullMarks:
+    """What the engine calls when nothing is profiled: nothing."""
+
+    __slots__ = ()
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+NULL_MARKS = NullMarks()
+
+
+def categorize(name: str, ranges: tuple[str, ...]) -> str:
+    """Category of an op (or kernel) ``name`` nested in the ``kvscope.*`` ``ranges`` (outermost first)."""
+    for r in reversed(ranges):
+        if r in RANGE_CATEGORY:
+            return RANGE_CATEGORY[r]
+    low = name.lower()
+    if "store_kv" in low or name == "aten::index_copy_":
+        return "store_kv"
+    if any(w in low for w in ATTENTION_WORDS):
+        return "attention"
+    if name in MATMUL_OPS or any(w in low for w in MATMUL_WORDS):
+        return "matmul"
+    return "other"
+
+
+class Profiler:
+    """One profiling window over the next engine steps (see the module doc)."""
+
+    def __init__(self, engine: Engine, num_steps: int = 3, wait: int = 0, warmup: int = 1,
+                 record_shapes: bool = False, with_stack: bool = False, keep_trace: bool = True) -> None:
+        if engine.recorder is None:
+            raise ValueError("profiling attaches its summaries to step records: create the engine with telemetry=True")
+        if num_steps < 1 or wait < 0 or warmup < 0:
+            raise ValueError(f"num_steps={num_steps} must be >= 1 and wait={wait}, warmup={warmup} >= 0")
+        self.engine, self.recorder = engine, engine.recorder
+        self.num_steps, self.wait, self.warmup = num_steps, wait, warmup
+        self.keep_trace = keep_trace
+        self.cuda = engine.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.prof = profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack,
+                            schedule=schedule(wait=wait, warmup=warmup, active=num_steps, repeat=1),
+                            on_trace_ready=self._ready)
+        self.summaries: dict[int, dict[str, int]] = {}
+        self.trace_events: list[dict[str, Any]] = []  # Kineto events, ts in perf_counter microseconds
+        self.clock_offset_ns: int | None = None  # Kineto clock - perf_counter_ns
+        self.running = self.done = False
+        self._step_map: list[tuple[int, int]] = []  # (profiler step_num, engine step) per engine step
+        self._marks: list[tuple[int, str, int]] = []  # (profiler step_num, range name, perf_counter_ns)
+        self._open: record_function | None = None
+        self._unsubscribe = None
+        self._saved_backend = None
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> Profiler:
+        if self.engine.phase_marks is not NULL_MARKS:
+            raise RuntimeError("a profiling window is already open on this engine")
+        self._fallback_offset = time.time_ns() - time.perf_counter_ns()
+        runner = self.engine.runner
+        self._saved_backend = runner.backend
+        runner.backend = replace(runner.backend, store_kv=_ranged("kvscope.store_kv", runner.backend.store_kv),
+                                 paged_attention=_ranged("kvscope.paged_attention", runner.backend.paged_attention))
+        self._unsubscribe = self.recorder.subscribe(self._on_record)
+        self.prof.start()
+        self.engine.phase_marks = self
+        self.running = True
+        return self
+
+    def stop(self) -> None:
+        """Close the window now (what the active steps recorded so far is kept)."""
+        if not self.running:
+            return
+        self._close_range()
+        self.running = False
+        self.engine.phase_marks = NULL_MARKS
+        self.engine.runner.backend = self._saved_backend
+        self.prof.stop()  # calls _ready if the window had started recording
+        self.done = True
+
+    def __enter__(self) -> Profiler:
+        return self if self.running else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+
+    # ---- phase marks (called by Engine.step) -------------------------------------------------------
+    def begin(self, phase: str) -> None:
+        self._close_range()
+        name = "kvscope." + phase
+        self._marks.append((self.prof.step_num, name, time.perf_counter_ns()))
+        self._open = record_function(name)
+        self._open.__enter__()
+
+    def end(self) -> None:
+        """The engine step is over: one profiler step."""
+        self._close_range()
+        self._step_map.append((self.prof.step_num, self.engine.step_index))
+        self.prof.step()
+        if self.prof.step_num >= self.wait + self.warmup + self.num_steps:
+            self.stop()
+
+    def _close_range(self) -> None:
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
+
+    # ---- results ---------------------------------------------------------------------------------
+    def _active_steps(self) -> list[int]:
+        first = self.wait + self.warmup
+        return [step for num, step in self._step_map if first <= num < first + self.num_steps]
+
+    def _ready(self, prof: profile) -> None:
+        steps = self._active_steps()
+        per_step = self._summarise(prof, steps)
+        self.summaries.update(per_step)
+        for step, summary in per_step.items():
+            self.recorder.attach_profile(step, summary)
+        if self.keep_trace:
+            self.trace_events = self._kineto_events(prof)
+            self.recorder.profiler_events.extend(self.trace_events)
+
+    def _on_record(self, item: Any) -> None:
+        """Attach a summary to a record published after the window closed (the last profiled step)."""
+        if not isinstance(item, StepRecord) or item.step not in self.summaries:
+            return
+        step = item.step
+        if item.profile is None:
+            item.profile = self.summaries[step]
+        if self.done and step == max(self.summaries) and self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def _summarise(self, prof: profile, steps: list[int]) -> dict[int, dict[str, int]]:
+        """Kernel time by category per active step; ``ProfilerStep*`` ranges in time order are the steps."""
+        sums: dict[int, dict[str, float]] = {}
+        roots = sorted((e for e in prof.events() if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+        for root, step in zip(roots, steps):
+            acc = sums[step] = dict.fromkeys(PROFILE_CATEGORIES, 0.0)
+            stack = [(child, ()) for child in root.cpu_children]
+            while stack:
+                ev, ranges = stack.pop()
+                if ev.is_user_annotation:
+                    ranges = (*ranges, ev.name)
+                elif self.cuda:  # device time of the kernels this op launched
+                    by_op = categorize(ev.name, ranges)
+                    for k in ev.kernels:
+                        acc[by_op if by_op != "other" else categorize(k.name, ranges)] += k.duration
+                else:
+                    acc[categorize(ev.name, ranges)] += ev.self_cpu_time_total
+                stack.extend((child, ranges) for child in ev.cpu_children)
+        out = {}
+        for step, acc in sums.items():
+            ns = {k: int(round(v * 1000)) for k, v in acc.items()}  # torch reports microseconds
+            ns["total"] = sum(ns.values())
+            out[step] = ns
+        return out
+
+    def _kineto_events(self, prof: profile) -> list[dict[str, Any]]:
+        """Kineto's Chrome-trace events with ``ts`` moved to perf_counter microseconds."""
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(path)
+            with open(path, encoding="utf-8") as f:
+                trace = json.load(f)
+        finally:
+            os.unlink(path)
+        base = int(trace.get("baseTimeNanoseconds", 0))
+        events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
+        self.clock_offset_ns = self._measure_offset(events, base)
+        shift_us = (base - self.clock_offset_ns) / 1000
+        return [{**e, "ts": e["ts"] + shift_us} if isinstance(e.get("ts"), (int, float)) else e for e in events]
+
+    def _measure_offset(self, events: list[dict[str, Any]], base: int) -> int:
+        first = self.wait + self.warmup
+        ours: dict[str, list[int]] = {}
+        for num, name, t in self._marks:
+            if first <= num < first + self.num_steps:
+                ours.setdefault(name, []).append(t)
+        theirs: dict[str, list[int]] = {}
+        for e in events:
+            if e.get("ph") == "X" and e.get("name", "").startswith("kvscope.") and e.get("cat") == "user_annotation":
+                theirs.setdefault(e["name"], []).append(int(round(e["ts"] * 1000)) + base)
+        diffs = [k - o for name, ts in theirs.items() if len(ts) == len(ours.get(name, ()))
+                 for k, o in zip(sorted(ts), ours[name])]
+        return int(statistics.median(diffs)) if diffs else self._fallback_offset
+
+
+def _ranged(name: str, fn):
+    def wrapped(*args, **kwargs):
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapped

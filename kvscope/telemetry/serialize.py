@@ -1,0 +1,58 @@
+"""Records to JSON-ready dicts and back, losslessly (the format of both export files).
+
+A step is a flat dict of its scalar fields plus ``scheduled`` (a list of
+``[request_id, kind, num_tokens, context_len, sampled]``), ``kv`` (a dict of ``KVState``), ``page_map``
+(``{"block_id": [owner, filled, state, refs]}``, JSON object keys being strings), ``page_map_full``,
+``memory`` and ``profile``. An event is the flat dict of its fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from .records import KVState, PageEntry, RequestEvent, ScheduledItem, StepRecord
+
+_STEP_SCALARS = tuple(
+    f.name for f in fields(StepRecord) if f.name not in ("scheduled", "kv", "page_map", "memory", "profile")
+)
+_KV_FIELDS = tuple(f.name for f in fields(KVState))
+_EVENT_FIELDS = tuple(f.name for f in fields(RequestEvent))
+
+
+def step_to_dict(record: StepRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(record, name) for name in _STEP_SCALARS}
+    out["scheduled"] = [
+        [s.request_id, s.kind, s.num_tokens, s.context_len, s.sampled] for s in record.scheduled
+    ]
+    kv = record.kv
+    out["kv"] = {name: getattr(kv, name) for name in _KV_FIELDS}
+    out["page_map"] = {str(b): list(entry) for b, entry in record.page_map.items()}
+    out["memory"] = dict(record.memory)
+    out["profile"] = dict(record.profile) if record.profile is not None else None
+    return out
+
+
+def step_from_dict(d: dict[str, Any]) -> StepRecord:
+    try:
+        kwargs = {name: d[name] for name in _STEP_SCALARS}
+        kwargs["scheduled"] = [ScheduledItem(str(r), str(k), int(n), int(c), bool(s)) for r, k, n, c, s in d["scheduled"]]
+        kwargs["kv"] = KVState(**{name: d["kv"][name] for name in _KV_FIELDS})
+        kwargs["page_map"] = {int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()}
+        kwargs["memory"] = dict(d.get("memory") or {})
+        profile = d.get("profile")
+        kwargs["profile"] = {str(k): int(v) for k, v in profile.items()} if profile is not None else None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"step record {d.get('step', '?') if isinstance(d, dict) else '?'} is malformed ({type(exc).__name__}: {exc})") from None
+    return StepRecord(**kwargs)
+
+
+def event_to_dict(event: RequestEvent) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+
+
+def event_from_dict(d: dict[str, Any]) -> RequestEvent:
+    try:
+        return RequestEvent(**{name: d[name] for name in _EVENT_FIELDS if name in d})
+    except TypeError as exc:
+        raise ValueError(f"request event is malformed ({exc})") from None

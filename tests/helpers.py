@@ -1,0 +1,42 @@
+"""Helpers shared by tests: reference generation with transformers, seeded prompt sets."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:
+    """transformers' own greedy ``generate`` for one prompt, with its default (dynamic) cache.
+
+    ``eos=False`` makes it run all ``max_new_tokens`` by giving it no EOS token, which matches
+    ``SamplingParams(ignore_eos=True)``.
+    """
+    attn = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        kwargs = {} if eos else {"eos_token_id": None, "pad_token_id": 0}
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            **kwargs,
+        )
+    finally:
+        model.set_attn_implementation(attn)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def random_prompts(
+    n: int, lo: int, hi: int, vocab: int = 512, seed: int = 0, shared_prefix: int = 0, num_shared: int = 0
+) -> list[list[int]]:
+    """``n`` prompts of lengths in [lo, hi]; the last ``num_shared`` start with one common prefix."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n - num_shared)]
+    prefix = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
+    prompts += [
+        prefix + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 8))] for _ in range(num_shared)
+    ]
+    return prompts

@@ -1,0 +1,120 @@
+"""BlockPool: reference counts, LRU eviction, the hash chain and its verification."""
+
+import pytest
+
+from kvscope.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+
+
+def chain(pool: BlockPool, tokens: list[int]):
+    return pool.hash_blocks(tokens, [])
+
+
+def test_allocate_and_free_track_ref_counts():
+    pool = BlockPool(8, 4)
+    a = pool.allocate(3)
+    assert [b.block_id for b in a] == [0, 1, 2]
+    assert all(b.ref_cnt == 1 for b in a)
+    assert (pool.num_free_blocks, pool.num_used_blocks) == (5, 3)
+    pool.free(a)
+    assert all(b.ref_cnt == 0 for b in a)
+    assert pool.num_free_blocks == 8
+    with pytest.raises(RuntimeError, match="only 8 are free"):
+        pool.allocate(9)
+
+
+def test_double_free_is_caught():
+    pool = BlockPool(2, 4)
+    (b,) = pool.allocate(1)
+    pool.free([b])
+    with pytest.raises(AssertionError, match="freed more often"):
+        pool.free([b])
+
+
+def test_hash_chain_depends_on_prefix_and_tokens():
+    pool = BlockPool(8, 2)
+    h = chain(pool, [1, 2, 3, 4, 5])  # two full blocks, one partial (not hashed)
+    assert len(h) == 2
+    assert h[0].value == hash_block_tokens(ROOT_HASH, (1, 2))
+    assert h[1].value == hash_block_tokens(h[0].value, (3, 4))
+    other = chain(pool, [9, 9, 3, 4])
+    assert other[1].token_ids == h[1].token_ids and other[1].value != h[1].value
+
+
+def _cache_sequence(pool: BlockPool, tokens: list[int]):
+    hashes = chain(pool, tokens)
+    blocks = pool.allocate(len(hashes))
+    parent = None
+    for block, h in zip(blocks, hashes):
+        pool.cache_block(block, h, parent)
+        parent = block
+    return blocks, hashes
+
+
+def test_prefix_hit_revives_cached_free_blocks():
+    pool = BlockPool(6, 2)
+    blocks, _ = _cache_sequence(pool, [1, 2, 3, 4])
+    pool.free(list(reversed(blocks)))
+    assert pool.num_cached_free_blocks == 2
+    hits = pool.find_cached_prefix(chain(pool, [1, 2, 3, 4, 7, 7]))
+    assert hits == blocks
+    pool.touch(hits)
+    assert [b.ref_cnt for b in hits] == [1, 1] and pool.num_free_blocks == 4
+    # a different second block only matches the first
+    assert pool.find_cached_prefix(chain(pool, [1, 2, 9, 9])) == blocks[:1]
+
+
+def test_empty_blocks_go_first_then_lru_eviction_tail_first():
+    pool = BlockPool(4, 2)
+    a, _ = _cache_sequence(pool, [1, 2, 3, 4])  # blocks 0, 1
+    b, _ = _cache_sequence(pool, [5, 6, 7, 8])  # blocks 2, 3
+    pool.free(list(reversed(a)))  # freed first: a's tail (1), then a's head (0)
+    pool.free(list(reversed(b)))  # then 3, 2
+    events = []
+    pool.listeners.append(lambda kind, bid: events.append((kind, bid)))
+    got = pool.allocate(3)
+    assert [blk.block_id for blk in got] == [1, 0, 3]  # least recently freed first, tails before heads
+    assert [e for e in events if e[0] == "evicted"] == [("evicted", 1), ("evicted", 0), ("evicted", 3)]
+    assert pool.num_evictions == 3
+    assert pool.find_cached_prefix(chain(pool, [1, 2, 3, 4])) == []
+    assert pool.find_cached_prefix(chain(pool, [5, 6, 7, 8])) == [pool.blocks[2]]  # its head survived
+
+
+def test_uncached_free_blocks_are_used_before_evicting():
+    pool = BlockPool(3, 2)
+    cached, _ = _cache_sequence(pool, [1, 2])
+    pool.free(cached)
+    got = pool.allocate(2)
+    assert cached[0] not in got
+    assert pool.find_cached_prefix(chain(pool, [1, 2])) == cached
+
+
+def test_hash_collision_never_serves_wrong_kv():
+    pool = BlockPool(8, 2)
+    pool.hash_fn = lambda parent, tokens: 42  # every block collides
+    blocks, _ = _cache_sequence(pool, [1, 2])
+    # same hash, other tokens: verification by tokens refuses it
+    assert pool.find_cached_prefix(chain(pool, [3, 4])) == []
+    assert pool.find_cached_prefix(chain(pool, [1, 2])) == blocks
+
+
+def test_stale_child_is_not_served_after_its_parent_is_evicted():
+    pool = BlockPool(4, 2)
+    blocks, _ = _cache_sequence(pool, [1, 2, 3, 4])
+    pool.free(list(reversed(blocks)))
+    # evict only the parent (block 0) by taking it out of the LRU queue front
+    pool.free_queue.cached.move_to_end(blocks[1].block_id)  # make the parent the LRU block
+    pool.allocate(3)  # 2 empty blocks, then the parent is evicted
+    assert blocks[0].block_hash is None and blocks[1].block_hash is not None
+    # re-cache the same first block elsewhere: the old child must not attach to it
+    new_first = pool.allocate(1)[0]
+    pool.cache_block(new_first, chain(pool, [1, 2])[0], None)
+    assert pool.find_cached_prefix(chain(pool, [1, 2, 3, 4])) == [new_first]
+
+
+def test_uncache_moves_free_blocks_back_to_empty():
+    pool = BlockPool(2, 2)
+    blocks, _ = _cache_sequence(pool, [1, 2, 3, 4])
+    pool.free(blocks)
+    pool.uncache(blocks)
+    assert pool.num_cached_free_blocks == 0 and pool.num_free_blocks == 2
+    assert pool.find_cached_prefix(chain(pool, [1, 2])) == []

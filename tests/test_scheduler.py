@@ -1,0 +1,138 @@
+"""Scheduler: one token budget, chunked prefill, preemption order, requests that can never fit."""
+
+from kvscope.block_pool import BlockPool
+from kvscope.config import EngineConfig
+from kvscope.kv_cache_manager import KVCacheManager
+from kvscope.request import Request, RequestStatus, SamplingParams
+from kvscope.scheduler import Scheduler, SchedulerOutput
+
+
+def make(num_blocks=16, block_size=4, budget=16, max_seqs=8, max_model_len=1000, **kw):
+    cfg = EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs,
+        **kw,
+    )
+    pool = BlockPool(num_blocks, block_size, cfg.enable_prefix_caching)
+    return Scheduler(cfg, KVCacheManager(pool), max_model_len), pool
+
+
+def req(rid, n, max_tokens=4, first=100):
+    return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def fake_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
+    """What the engine does after the forward pass: advance, sample at the end, finish at max_tokens."""
+    for r, n in zip(out.requests, out.num_tokens):
+        r.num_computed_tokens += n
+        if r.num_computed_tokens == r.num_tokens:
+            r.append_token(token)
+            if r.num_output_tokens >= r.sampling_params.max_tokens:
+                sched.finish(r, RequestStatus.FINISHED_LENGTH)
+    sched.drop_finished_running()
+
+
+def test_budget_is_shared_and_long_prompts_are_chunked():
+    sched, _ = make(budget=16)
+    for i, n in enumerate([10, 10, 10]):
+        sched.add_request(req(f"r{i}", n, first=100 * (i + 1)))
+    out = sched.schedule()
+    assert [(r.request_id, n) for r, n in zip(out.requests, out.num_tokens)] == [("r0", 10), ("r1", 6)]
+    assert out.total_num_tokens == 16 and [r.request_id for r in sched.waiting] == ["r2"]
+    fake_step(sched, out)
+    out = sched.schedule()  # r0 decodes (1), r1 finishes its prompt (4), r2 gets the rest (11)
+    assert [(r.request_id, n) for r, n in zip(out.requests, out.num_tokens)] == [
+        ("r0", 1),
+        ("r1", 4),
+        ("r2", 10),
+    ]
+    assert out.is_decode == [True, False, False]
+
+
+def test_max_num_seqs_caps_running():
+    sched, _ = make(max_seqs=2, budget=100)
+    for i in range(4):
+        sched.add_request(req(f"r{i}", 3, first=10 * i))
+    out = sched.schedule()
+    assert len(out.requests) == 2 and len(sched.running) == 2 and len(sched.waiting) == 2
+
+
+def test_preempts_most_recently_admitted_and_requeues_it_first():
+    sched, pool = make(num_blocks=5, block_size=4, budget=64, enable_prefix_caching=False)
+    a, b, c = req("a", 8, first=100), req("b", 7, first=200), req("c", 3, first=300)
+    for r in (a, b, c):
+        sched.add_request(r)
+    out = sched.schedule()  # a: 2 blocks, b: 2 blocks, c: 1 block -> all 5
+    assert [r.request_id for r in out.requests] == ["a", "b", "c"]
+    fake_step(sched, out)  # a has 9 tokens (needs a 3rd block), b has 8, c has 4
+    out = sched.schedule()  # a needs a 3rd block: c, the last admitted, is preempted
+    assert [r.request_id for r in out.preempted] == ["c"]
+    assert c.status is RequestStatus.PREEMPTED and c.block_ids == [] and c.num_computed_tokens == 0
+    assert sched.waiting[0] is c and c.num_preemptions == 1
+    assert [r.request_id for r in out.requests] == ["a", "b"] and out.admitted == []
+    assert pool.num_used_blocks == sum(len(r.block_ids) for r in sched.running)
+
+
+def test_request_that_never_fits_fails_alone():
+    sched, _ = make(num_blocks=4, block_size=4)
+    big, small = req("big", 10, max_tokens=10), req("small", 3)  # big needs 5 blocks > 4
+    sched.add_request(big)
+    sched.add_request(small)
+    out = sched.schedule()
+    assert out.failed == [big] and big.status is RequestStatus.FINISHED_ERROR
+    assert "needs 5 blocks" in big.error and "whole KV pool has 4" in big.error
+    assert [r.request_id for r in out.requests] == ["small"]
+
+
+def test_no_chunking_waits_for_budget_and_refuses_prompts_over_it():
+    sched, _ = make(budget=8, enable_chunked_prefill=False)
+    sched.add_request(req("a", 5))
+    sched.add_request(req("b", 5, first=200))
+    sched.add_request(req("huge", 9, first=300))
+    out = sched.schedule()
+    assert [r.request_id for r in out.requests] == ["a"]  # b waits instead of being chunked
+    fake_step(sched, out)
+    sched.waiting.rotate(-1)  # put "huge" first
+    out = sched.schedule()
+    assert [r.request_id for r in out.failed] == ["huge"] and "chunked prefill is off" in out.failed[0].error
+
+
+def test_prefix_hit_skips_cached_tokens_and_counts_them():
+    sched, pool = make(num_blocks=16, block_size=4, budget=64)
+    a = req("a", 10)
+    sched.add_request(a)
+    fake_step(sched, sched.schedule())
+    b = Request("b", [*range(100, 109), 5, 5], SamplingParams(max_tokens=2))  # shares 2 full blocks
+    sched.add_request(b)
+    out = sched.schedule()
+    i = out.requests.index(b)
+    assert b.num_computed_tokens == 8 and out.num_tokens[i] == 3 and b.num_cached_tokens == 8
+    assert b.block_ids[:2] == a.block_ids[:2] and pool.blocks[a.block_ids[0]].ref_cnt == 2
+    assert pool.prefix_cache_hits == 8 and pool.prefix_cache_queries == 10 + 11
+
+
+def test_full_prompt_hit_still_computes_the_last_token():
+    sched, _ = make(num_blocks=16, block_size=4, budget=64)
+    a = req("a", 8)
+    sched.add_request(a)
+    fake_step(sched, sched.schedule())
+    b = req("b", 8)  # identical prompt
+    sched.add_request(b)
+    out = sched.schedule()
+    assert b.num_computed_tokens == 4 and out.num_tokens[out.requests.index(b)] == 4
+
+
+def test_finish_and_abort_free_everything():
+    sched, pool = make(num_blocks=16, block_size=4, budget=64)
+    rs = [req(f"r{i}", 5 + i, first=50 * i) for i in range(4)]
+    for r in rs:
+        sched.add_request(r)
+    fake_step(sched, sched.schedule())
+    sched.finish(rs[0], RequestStatus.FINISHED_ABORTED)
+    sched.finish(rs[0], RequestStatus.FINISHED_ABORTED)  # idempotent
+    while sched.has_unfinished_requests():
+        fake_step(sched, sched.schedule())
+    assert pool.num_free_blocks == pool.num_blocks
+    assert all(b.ref_cnt == 0 for b in pool.blocks)

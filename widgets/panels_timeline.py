@@ -1,0 +1,135 @@
+"""Request timeline: one lane per request, one bar per stretch of time in one state.
+
+States: waiting (queued, not yet scheduled), prefill (prompt chunks, or a recompute after a
+preemption), decode (one token per step), preempted (evicted, waiting to be recomputed). A request
+enters prefill when ``scheduled`` / ``resumed``, decode at the first step that decodes it, preempted
+at ``preempted``, and its last bar ends at ``finished``.
+
+Bars stream in with ``rollover`` (oldest bars scroll out); the bar each unfinished request is in is
+stretched to the newest step by ``patch`` each tick. Patch indices account for rolled-over rows.
+"""
+
+from __future__ import annotations
+
+from bokeh.models import ColumnDataSource
+
+from kvscope.telemetry.records import RequestEvent, StepRecord
+
+from .feed import Tick
+from .panels import Panel
+from .theme import FULL_WIDTH, STATE_COLORS, add_hover, empty_source, new_figure
+
+COLUMNS = ("lane", "left", "right", "state", "request", "color")
+EVENT_STATES = {
+    "queued": "waiting", "scheduled": "prefill", "first_token": "decode", "resumed": "prefill", "preempted": "preempted",
+}
+
+
+class TimelinePanel(Panel):
+    name = "timeline"
+    title = "Requests"
+
+    def __init__(self, rollover: int | None, meta: dict | None = None, width: int = FULL_WIDTH,
+                 height: int = 260) -> None:
+        self.rollover = rollover
+        self.meta = meta if meta is not None else {}  # its "t0_ns", once known, is time zero
+        self.source: ColumnDataSource = empty_source(*COLUMNS)
+        fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
+                         x_axis_label="seconds since start", y_axis_label="request")
+        fig.y_range.flipped = True
+        fig.hbar(y="lane", left="left", right="right", height=0.8, color="color", source=self.source)
+        for state, color in STATE_COLORS.items():  # a legend without data of its own
+            fig.hbar(y=[], left=[], right=[], color=color, legend_label=state)
+        fig.legend.orientation = "horizontal"
+        fig.legend.location = "top_right"
+        fig.legend.label_text_font_size = "10px"
+        add_hover(fig, [("request", "@request"), ("state", "@state"),
+                        ("from", "@left{0.000} s"), ("to", "@right{0.000} s")],
+                  renderers=[fig.renderers[0]])
+        self.figure = fig
+        self.model = fig
+        self.t0_ns: int | None = None
+        self._lanes: dict[str, int] = {}  # unfinished requests -> lane
+        self._open: dict[str, tuple[int, str]] = {}  # unfinished requests -> (row, state) of its open bar
+        self._next_lane = 0
+        self._rows_sent = 0  # rows streamed so far (including rolled-over ones)
+        self._pending: list[dict] = []  # rows created this tick, streamed at its end
+        self._patches: dict[int, float] = {}  # row -> new right edge, for rows already sent
+
+    @property
+    def num_active(self) -> int:
+        return len(self._open)
+
+    def _t(self, t_ns: int) -> float:
+        if self.t0_ns is None:
+            self.t0_ns = self.meta.get("t0_ns", t_ns)
+        return (t_ns - self.t0_ns) / 1e9
+
+    def _set_right(self, row: int, t: float) -> None:
+        if row >= self._rows_sent:
+            self._pending[row - self._rows_sent]["right"] = t
+        else:
+            self._patches[row] = t
+
+    def _switch(self, rid: str, state: str | None, t: float) -> None:
+        """Close ``rid``'s open bar at ``t`` and open one in ``state`` (None: the request ended)."""
+        if rid in self._open:
+            row, current = self._open.pop(rid)
+            if current == state:
+                self._open[rid] = (row, current)
+                return
+            self._set_right(row, t)
+        if state is None:
+            self._lanes.pop(rid, None)
+            return
+        if rid not in self._lanes:
+            self._lanes[rid] = self._next_lane
+            self._next_lane += 1
+        row = self._rows_sent + len(self._pending)
+        self._pending.append({"lane": self._lanes[rid], "left": t, "right": t, "state": state, "request": rid,
+                              "color": STATE_COLORS[state]})
+        self._open[rid] = (row, state)
+
+    def _event(self, event: RequestEvent) -> None:
+        t = self._t(event.t_ns)
+        if event.kind == "finished":
+            self._switch(event.request_id, None, t)
+        elif event.kind in EVENT_STATES and (event.kind == "queued" or event.request_id in self._open):
+            self._switch(event.request_id, EVENT_STATES[event.kind], t)
+
+    def _step(self, record: StepRecord) -> None:
+        t = self._t(record.t_start_ns)
+        for item in record.scheduled:
+            open_bar = self._open.get(item.request_id)
+            if item.kind == "decode" and open_bar is not None and open_bar[1] != "decode":
+                self._switch(item.request_id, "decode", max(t, self.source_left(open_bar[0])))
+
+    def source_left(self, row: int) -> float:
+        if row >= self._rows_sent:
+            return self._pending[row - self._rows_sent]["left"]
+        dropped = self._rows_sent - len(self.source.data["left"])
+        return self.source.data["left"][row - dropped] if row >= dropped else 0.0
+
+    def update(self, tick: Tick) -> None:
+        for item in tick.ordered():
+            if isinstance(item, StepRecord):
+                self._step(item)
+            else:
+                self._event(item)
+        if tick.steps:  # open bars reach the newest step
+            now = self._t(tick.steps[-1].t_end_ns)
+            for row, _state in self._open.values():
+                self._set_right(row, now)
+        self._flush()
+
+    def _flush(self) -> None:
+        dropped = self._rows_sent - len(self.source.data["right"])
+        patches = [(row - dropped, t) for row, t in self._patches.items() if row >= dropped]
+        if patches:
+            self.source.patch({"right": patches})
+        self._patches = {}
+        if self._pending:
+            rows = self._pending
+            self.source.stream({c: [r[c] for r in rows] for c in COLUMNS}, rollover=self.rollover)
+            self._rows_sent += len(rows)
+            self._pending = []

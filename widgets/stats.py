@@ -1,0 +1,98 @@
+"""Running request statistics for the live panels: TTFT, ITL and throughput, in bounded memory.
+
+Definitions follow vLLM's metrics: TTFT = first token time - queued time; ITL = time between two
+consecutive output tokens of one request (a preemption stall counts, as the user waits through it).
+A token's time is the end of the step that sampled it (the ``first_token`` event carries that same
+time). Feed items in ``Tick.ordered()`` order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from kvscope.telemetry.records import RequestEvent, StepRecord
+
+NS = 1e9
+
+
+def percentile(samples, q: float) -> float | None:
+    """``q``-th percentile of ``samples`` (seconds), or None when there are none."""
+    return float(np.percentile(np.fromiter(samples, dtype=float), q)) if samples else None
+
+
+class LatencyStats:
+    """TTFT and ITL samples (seconds, the most recent ``max_samples`` of each) and token rates."""
+
+    def __init__(self, max_samples: int = 50_000, rate_window_s: float = 2.0) -> None:
+        self.ttft: deque[float] = deque(maxlen=max_samples)
+        self.itl: deque[float] = deque(maxlen=max_samples)
+        self.rate_window_ns = int(rate_window_s * NS)
+        self._queued_ns: dict[str, int] = {}  # only requests still waiting for their first token
+        self._last_token_ns: dict[str, int] = {}  # only unfinished requests that have a token
+        self._recent: deque[tuple[int, int, int]] = deque()  # (t_start, t_end, tokens) in the window
+        self.num_requests = 0
+        self.num_finished = 0
+        self.num_preemptions = 0
+        self.output_tokens = 0
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+
+    @property
+    def num_active(self) -> int:
+        """Requests with per-request state held (memory is bounded by the unfinished requests)."""
+        return len(self._queued_ns.keys() | self._last_token_ns.keys())
+
+    def add(self, item: StepRecord | RequestEvent) -> None:
+        if isinstance(item, StepRecord):
+            self._add_step(item)
+        else:
+            self._add_event(item)
+
+    def _add_event(self, event: RequestEvent) -> None:
+        rid = event.request_id
+        if self.first_ns is None:
+            self.first_ns = event.t_ns
+        if event.kind == "queued":
+            self.num_requests += 1
+            self._queued_ns[rid] = event.t_ns
+        elif event.kind == "first_token":
+            queued = self._queued_ns.pop(rid, None)
+            if queued is not None:
+                self.ttft.append((event.t_ns - queued) / NS)
+        elif event.kind == "preempted":
+            self.num_preemptions += 1
+        elif event.kind == "finished":
+            self.num_finished += 1
+            self._queued_ns.pop(rid, None)
+            self._last_token_ns.pop(rid, None)
+
+    def _add_step(self, step: StepRecord) -> None:
+        if self.first_ns is None:
+            self.first_ns = step.t_start_ns
+        self.last_ns = step.t_end_ns
+        self.output_tokens += step.num_output_tokens
+        for item in step.scheduled:
+            if not (item.sampled or item.kind == "decode"):
+                continue
+            last = self._last_token_ns.get(item.request_id)
+            if last is not None:
+                self.itl.append((step.t_end_ns - last) / NS)
+            self._last_token_ns[item.request_id] = step.t_end_ns
+        self._recent.append((step.t_start_ns, step.t_end_ns, step.num_output_tokens))
+        while self._recent and self._recent[0][1] < step.t_end_ns - self.rate_window_ns:
+            self._recent.popleft()
+
+    def tokens_per_s(self) -> float:
+        """Output tokens per second over the last ``rate_window_s`` of steps."""
+        if not self._recent:
+            return 0.0
+        span = self._recent[-1][1] - self._recent[0][0]
+        return sum(n for *_, n in self._recent) * NS / span if span > 0 else 0.0
+
+    def mean_tokens_per_s(self) -> float:
+        """Output tokens per second over the whole run so far."""
+        if self.first_ns is None or self.last_ns is None or self.last_ns <= self.first_ns:
+            return 0.0
+        return self.output_tokens * NS / (self.last_ns - self.first_ns)
