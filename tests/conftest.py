@@ -1,4 +1,4 @@
-"""Shared test setup: never touch the network, keep transformers quiet, let subfolders import helpers."""
+"""Shared test setup: never touch the network, one thread per process, quiet transformers, shared helpers."""
 
 import os
 import sys
@@ -6,4 +6,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread: tests (and the kernels, notebooks and CLIs they start, which inherit this) share
+# two cores; OpenMP threads spinning against each other made small steps 10x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))

@@ -118,3 +118,27 @@ def test_uncache_moves_free_blocks_back_to_empty():
     pool.uncache(blocks)
     assert pool.num_cached_free_blocks == 0 and pool.num_free_blocks == 2
     assert pool.find_cached_prefix(chain(pool, [1, 2])) == []
+
+
+def test_same_tokens_after_another_prefix_are_not_served():
+    pool = BlockPool(8, 2)
+    pool.hash_fn = lambda parent, tokens: hash(tokens)  # collides whenever the tokens repeat
+    _cache_sequence(pool, [5, 5, 1, 2])
+    assert pool.find_cached_prefix(chain(pool, [1, 2])) == []  # (1, 2) is cached, but after (5, 5)
+    pool2 = BlockPool(8, 2)
+    pool2.hash_fn = lambda parent, tokens: 0
+    blocks, _ = _cache_sequence(pool2, [1, 2, 1, 2])
+    assert blocks[1].block_hash is None  # the index slot was taken by the first block
+    assert pool2.find_cached_prefix(chain(pool2, [1, 2, 1, 2])) == blocks[:1]
+
+
+def test_child_of_an_evicted_and_reused_parent_is_not_served():
+    pool = BlockPool(3, 2)
+    pool.hash_fn = lambda parent, tokens: hash(tokens)  # the child's hash ignores its parent
+    (parent, child), _ = _cache_sequence(pool, [1, 2, 3, 4])
+    pool.free([child, parent])  # LRU order: child first, then parent
+    pool.free_queue.cached.move_to_end(child.block_id)  # evict the parent first
+    reused = pool.allocate(2)  # the empty block, then the parent (evicted)
+    assert parent in reused and child.block_hash is not None
+    pool.cache_block(parent, chain(pool, [7, 8])[0], None)  # same block object, new contents
+    assert pool.find_cached_prefix(chain(pool, [7, 8, 3, 4])) == [parent]

@@ -1,0 +1,181 @@
+"""Block pool + scheduler invariants under random operations (a hypothesis rule-based state machine).
+
+The model is replaced by a fake that "writes" into each scheduled slot a fingerprint of the exact token
+prefix that slot's K/V would encode. Checking those fingerprints after every step proves that no
+prefix-cache hit, preemption or recompute ever lets a request read K/V computed for other tokens.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvscope.block_pool import BlockPool
+from kvscope.config import EngineConfig, cdiv
+from kvscope.kv_cache_manager import KVCacheManager
+from kvscope.request import Request, RequestStatus, SamplingParams
+from kvscope.scheduler import Scheduler
+
+PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9, 9, 9, 9]]
+COUNTS = {"steps": 0, "ops": 0}  # tried in this run (figures for docs/reliability.md)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4, 8]),
+        num_blocks=st.integers(4, 40),
+        budget=st.integers(1, 48),
+        max_seqs=st.integers(1, 6),
+        caching=st.booleans(),
+        chunked=st.booleans(),
+        weak_hash=st.sampled_from([None, "constant", "ignores-prefix", "mod-7"]),
+    )
+    def setup(self, block_size, num_blocks, budget, max_seqs, caching, chunked, weak_hash):
+        cfg = EngineConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_seqs,
+            enable_prefix_caching=caching,
+            enable_chunked_prefill=chunked,
+        )
+        self.pool = BlockPool(num_blocks, block_size, caching)
+        # Hashes that collide all the time: verification alone must keep the KV right.
+        if weak_hash == "constant":  # every block collides with every other
+            self.pool.hash_fn = lambda parent, tokens: 0
+        elif weak_hash == "ignores-prefix":  # same tokens after different prefixes collide
+            self.pool.hash_fn = lambda parent, tokens: hash(tokens)
+        elif weak_hash == "mod-7":  # different tokens collide
+            self.pool.hash_fn = lambda parent, tokens: hash((parent, tokens)) % 7
+        self.kv = KVCacheManager(self.pool)
+        self.sched = Scheduler(cfg, self.kv, max_model_len=64)
+        self.live: dict[str, Request] = {}
+        self.slots: dict[int, tuple[int, ...]] = {}  # slot -> token prefix its K/V encodes
+        self.counter = 0
+
+    # ---- operations ------------------------------------------------------------------------------
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        tail=st.lists(st.integers(10, 13), max_size=12),
+        max_tokens=st.integers(1, 12),
+    )
+    def add(self, prefix, tail, max_tokens):
+        tokens = prefix + tail or [10]
+        self.counter += 1
+        r = Request(f"r{self.counter}", tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        self.live[r.request_id] = r
+        self.sched.add_request(r)
+
+    @rule(token=st.integers(10, 13))
+    def step(self, token):
+        COUNTS["steps"] += 1
+        self.kv.cached_this_step = []
+        out = self.sched.schedule()
+        for r in out.failed:
+            self.live.pop(r.request_id)
+        bs = self.pool.block_size
+        for r, n in zip(out.requests, out.num_tokens):
+            for pos in range(r.num_computed_tokens, r.num_computed_tokens + n):  # the fake forward pass
+                slot = r.block_ids[pos // bs] * bs + pos % bs
+                self.slots[slot] = tuple(r.all_token_ids[: pos + 1])
+        for r, n in zip(out.requests, out.num_tokens):
+            r.num_computed_tokens += n
+            if r.num_computed_tokens == r.num_tokens:
+                r.append_token(token)
+                if r.num_output_tokens >= r.sampling_params.max_tokens or r.num_tokens >= 64:
+                    self.sched.finish(r, RequestStatus.FINISHED_LENGTH)
+                    self.live.pop(r.request_id)
+        self.sched.drop_finished_running()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def abort(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.sched.finish(self.live.pop(rid), RequestStatus.FINISHED_ABORTED)
+        self.sched.drop_finished_running()
+
+    @precondition(lambda self: self.sched.running)
+    @rule(data=st.data())
+    def preempt(self, data):
+        victim = data.draw(st.sampled_from(self.sched.running))
+        self.sched.running.remove(victim)
+        self.sched._preempt(victim)
+
+    @rule()
+    def fail_a_step(self):
+        """A forward pass that raises after scheduling: the engine's rollback path."""
+        self.kv.cached_this_step = []
+        out = self.sched.schedule()
+        for r in out.failed:
+            self.live.pop(r.request_id)
+        self.kv.rollback_step()
+        for r in out.requests:
+            self.sched.finish(r, RequestStatus.FINISHED_ERROR, "boom")
+            self.live.pop(r.request_id)
+        self.sched.drop_finished_running()
+
+    # ---- invariants ------------------------------------------------------------------------------
+    @invariant()
+    def free_plus_used_is_total(self):
+        COUNTS["ops"] += 1
+        used = sum(1 for b in self.pool.blocks if b.ref_cnt > 0)
+        assert self.pool.num_free_blocks + used == self.pool.num_blocks
+
+    @invariant()
+    def free_queue_holds_each_free_block_once(self):
+        q = self.pool.free_queue
+        ids = [b.block_id for b in q.empty] + list(q.cached)
+        assert len(ids) == len(set(ids))
+        assert set(ids) == {b.block_id for b in self.pool.blocks if b.ref_cnt == 0}
+        assert all(b.block_hash is None for b in q.empty) and all(b.block_hash for b in q.cached.values())
+
+    @invariant()
+    def ref_counts_equal_table_holders(self):
+        holders = [0] * self.pool.num_blocks
+        for r in self.sched.running:
+            for bid in r.block_ids:
+                holders[bid] += 1
+        assert [b.ref_cnt for b in self.pool.blocks] == holders
+        assert all(not r.block_ids for r in self.sched.waiting)
+
+    @invariant()
+    def tables_cover_exactly_the_computed_tokens(self):
+        for r in self.sched.running:
+            assert len(r.block_ids) == cdiv(r.num_computed_tokens, self.pool.block_size)
+
+    @invariant()
+    def every_computed_slot_holds_its_own_prefix(self):
+        bs = self.pool.block_size
+        for r in self.sched.running:
+            for pos in range(r.num_computed_tokens):
+                slot = r.block_ids[pos // bs] * bs + pos % bs
+                assert self.slots.get(slot) == tuple(r.all_token_ids[: pos + 1])
+
+    @invariant()
+    def cached_hashes_match_block_tokens(self):
+        bs = self.pool.block_size
+        for value, block in self.pool.cached.items():
+            assert block.block_hash.value == value
+            first = block.block_id * bs
+            assert self.slots[first + bs - 1][-bs:] == block.block_hash.token_ids
+
+    def teardown(self):
+        if not hasattr(self, "sched"):
+            return
+        for r in list(self.live.values()):
+            self.sched.finish(r, RequestStatus.FINISHED_ABORTED)
+        self.sched.drop_finished_running()
+        assert self.pool.num_free_blocks == self.pool.num_blocks  # nothing leaked
+        assert all(b.ref_cnt == 0 for b in self.pool.blocks)
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def test_state_machine_ran_thousands_of_steps():
+    """Runs after the machine (same module, file order): CI must have tried a few thousand operations."""
+    assert COUNTS["ops"] >= 4000 and COUNTS["steps"] >= 1000, COUNTS

@@ -1,0 +1,83 @@
+"""Soak: hundreds of requests with random arrivals and aborts on a pool that forces preemptions.
+
+Every request that is not aborted must produce exactly what it produces when run alone; the pool must
+return to empty; and the recorded steps, token counts and request events must add up.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from kvscope import Engine, SamplingParams
+
+NUM_REQUESTS = 300
+
+
+def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
+    rng = random.Random(1234)
+    system = [rng.randrange(3, 512) for _ in range(24)]
+    prompts = []
+    for _ in range(NUM_REQUESTS):
+        body = [rng.randrange(3, 512) for _ in range(rng.randint(1, 40))]
+        prompts.append(system + body if rng.random() < 0.5 else body)
+    params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in prompts]
+
+    engine = Engine("tiny", block_size=8, num_blocks=40, max_num_batched_tokens=32, max_num_seqs=16)
+    ids: dict[str, int] = {}
+    outputs: dict[str, list[int]] = {}
+    aborted: dict[str, str] = {}
+    pending = list(range(NUM_REQUESTS))
+    while pending or engine.has_unfinished_requests():
+        for _ in range(rng.choice([0, 0, 1, 2, 5])):  # bursty arrivals
+            if pending:
+                i = pending.pop(0)
+                ids[engine.add_request(prompts[i], params[i])] = i
+        if rng.random() < 0.08 and engine.requests:
+            live = sorted(engine.requests)
+            mid_prefill = [
+                k
+                for k in live
+                if 0 < engine.requests[k].num_computed_tokens < engine.requests[k].num_prompt_tokens
+            ]
+            rid = rng.choice(mid_prefill if mid_prefill and rng.random() < 0.5 else live)
+            r = engine.requests[rid]
+            phase = "decode" if r.num_output_tokens else ("prefill" if r.num_computed_tokens else "waiting")
+            assert engine.abort(rid)
+            aborted[rid] = phase
+        for delta in engine.step():
+            if delta.token_id is not None:
+                outputs.setdefault(delta.request_id, []).append(delta.token_id)
+
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks  # back to the baseline
+    assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
+    phases = Counter(aborted.values())
+    assert phases["prefill"] > 0 and phases["decode"] > 0, phases
+    assert engine.scheduler.num_preemptions > 0 and engine.pool.prefix_cache_hits > 0
+
+    # every finished request equals an isolated run of it
+    finished = {e.request_id: e for e in engine.recorder.events if e.kind == "finished"}
+    alone = Engine("tiny", block_size=8, num_blocks=64, enable_prefix_caching=False, telemetry=False)
+    for rid, i in ids.items():
+        if rid in aborted:
+            assert finished[rid].reason == "abort"
+            continue
+        assert finished[rid].reason == "length"
+        assert outputs.get(rid, []) == alone.generate([prompts[i]], params[i])[0].token_ids, (
+            f"request {i} differs"
+        )
+
+    # the records add up
+    steps = engine.recorder.steps
+    assert len(steps) == engine.step_index == engine.recorder.num_steps_recorded
+    assert [s.step for s in steps] == list(range(len(steps)))
+    assert sum(s.num_output_tokens for s in steps) == sum(len(t) for t in outputs.values())
+    events = Counter(e.kind for e in engine.recorder.events)
+    assert events["queued"] == events["finished"] == NUM_REQUESTS
+    assert events["first_token"] == sum(1 for t in outputs.values() if t)
+    assert events["preempted"] == engine.scheduler.num_preemptions >= events["resumed"]
+    for s in steps:
+        assert (
+            s.num_prefill_tokens + s.num_decode_tokens == sum(item.num_tokens for item in s.scheduled) <= 32
+        )
+        assert s.kv.blocks_used <= s.kv.num_blocks
