@@ -30,7 +30,7 @@ class KernelBackend:
 
 
 def triton_interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no")
 
 
 def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:

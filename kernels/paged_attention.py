@@ -47,20 +47,6 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
-    """The last sequence ``b`` whose first q-block, ``query_start_loc[b] // BLOCK_Q + b``, is <= q_block."""
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # [T, Hq, D]                            written when NUM_SPLITS == 1
     part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32     written when NUM_SPLITS > 1
@@ -86,7 +72,17 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32), else "tf32" (ignored for 16-bit)
 ):  # fmt: skip
     q_block, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seq = _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
+    # Binary search: the last sequence whose first q-block, query_start_loc[b] // BLOCK_Q + b, is <= q_block.
+    # (Inline rather than a jit helper: Triton's interpreter re-patches the language on every helper call.)
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
     if seq < 0:  # only when query_start_loc[0] > 0
         return
     q_start = tl.load(query_start_loc_ptr + seq)

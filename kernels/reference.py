@@ -7,7 +7,7 @@ Layout shared by every backend:
 - a flat batch of ``T`` new tokens from ``B`` sequences: ``query`` ``[T, num_heads, head_dim]``,
   ``query_start_loc`` ``[B + 1]`` (sequence ``b`` owns tokens ``query_start_loc[b]:query_start_loc[b+1]``),
   ``seq_lens`` ``[B]`` (context length of each sequence *including* its new tokens),
-  ``block_tables`` ``[B, max_blocks]`` (pages of each sequence, in order; unused entries are ignored).
+  ``block_tables`` ``[B, max_blocks]`` (pages of each sequence, in order; unused entries must still be valid block ids, e.g. 0: the torch path gathers them before masking; the Triton kernel never reads them).
 - The new tokens of a sequence are its last ``q_len`` positions, so query ``i`` of sequence ``b`` sits at
   position ``seq_lens[b] - q_len + i`` and attends causally to positions ``0..that``. A decode is a
   sequence with ``q_len == 1``; a prefill chunk over a cached prefix is ``q_len > 1`` with
@@ -39,6 +39,7 @@ def store_kv(
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    slot_mapping = slot_mapping.long()  # index_copy_ wants int64; int32 mappings are fine too
     flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
     flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
 
@@ -186,8 +187,8 @@ def paged_attention_naive(
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [n, Hq, D]
         scores = torch.einsum("nhd,lhd->hnl", q, k) * scale  # [Hq, n, L]
-        q_pos = torch.arange(seq_len - n, seq_len)[:, None]
-        k_pos = torch.arange(seq_len)[None, :]
+        q_pos = torch.arange(seq_len - n, seq_len, device=query.device)[:, None]
+        k_pos = torch.arange(seq_len, device=query.device)[None, :]
         scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hnl,lhd->nhd", probs, v)

@@ -1,20 +1,23 @@
-"""Kernel tests run the Triton kernels on CPU tensors through Triton's interpreter.
+"""Kernel tests: on a machine without CUDA the Triton kernels run on CPU tensors through Triton's
+interpreter; with a GPU they run compiled, on CUDA tensors (``DEVICE``).
 
 ``TRITON_INTERPRET`` must be set before ``triton`` is imported (``triton.jit`` reads it when a kernel is
-defined), and conftest files load before test modules, so it is set here. ``make_paged_batch`` builds a
-random flat batch in the layout of ``kvscope.kernels.reference``.
+defined), and conftest files load before test modules, so it is set here — only without CUDA, so that a
+GPU run of the whole suite keeps compiled kernels (importing torch does not import triton).
+``make_paged_batch`` builds a random flat batch in the layout of ``kvscope.kernels.reference``.
 """
 
 from __future__ import annotations
 
 import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from dataclasses import dataclass
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass
@@ -46,6 +49,7 @@ def make_paged_batch(
     dtype: torch.dtype = torch.float32,
     spare_blocks: int = 3,
     index_dtype: torch.dtype = torch.int32,
+    device: torch.device = DEVICE,
 ) -> PagedBatch:
     """Pages of every sequence drawn from a random permutation of the cache's blocks (never in order);
     unused block-table entries hold other valid block ids, so ``reference.paged_attention`` may read them."""
@@ -68,12 +72,12 @@ def make_paged_batch(
     for q in query_lens:
         starts.append(starts[-1] + q)
     return PagedBatch(
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_tables=block_tables.to(index_dtype),
-        query_start_loc=torch.tensor(starts, dtype=index_dtype),
-        seq_lens=torch.tensor(seq_lens, dtype=index_dtype),
+        query=query.to(device),
+        key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        block_tables=block_tables.to(device, index_dtype),
+        query_start_loc=torch.tensor(starts, dtype=index_dtype, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=index_dtype, device=device),
         scale=head_dim**-0.5,
         query_lens=list(query_lens),
         seq_lens_list=seq_lens,
