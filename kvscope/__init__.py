@@ -1,12 +1,28 @@
 """kvscope: an interactive profiler for paged-KV LLM inference."""
 
-from .config import EngineConfig, ModelSpec
-from .engine import Engine
-from .request import RequestOutput, SamplingParams
-from .run import Run, load
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import EngineConfig, ModelSpec
+    from .engine import Engine
+    from .request import RequestOutput, SamplingParams
+    from .run import Run, load
 
 __all__ = ["Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "load"]
 __version__ = "0.1.0"
+
+# Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
+_LAZY = {"EngineConfig": ".config", "ModelSpec": ".config", "Engine": ".engine", "RequestOutput": ".request",
+         "SamplingParams": ".request", "Run": ".run", "load": ".run"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvscope' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:

@@ -234,6 +234,8 @@ class BlockPool:
                 block.block_hash = None
                 block.parent = None
                 block.epoch += 1
+                if self.listeners:
+                    self._emit("evicted", block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached-but-free block's contents (used blocks keep theirs until freed)."""

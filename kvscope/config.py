@@ -50,7 +50,7 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def kv_bytes_per_token(self) -> int:

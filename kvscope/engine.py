@@ -221,6 +221,7 @@ class Engine:
             marks.begin("sample")
             sampled = self.runner.sample(logits, inp)
         except BaseException as exc:
+            marks.end()
             self._fail_batch(sched, exc)
             raise
         t4 = time.perf_counter_ns()

@@ -62,8 +62,10 @@ class Run:
         """A snapshot of everything ``engine.recorder`` holds (copies of its lists)."""
         recorder = engine.recorder
         if recorder is None:
-            raise ValueError("this engine records nothing (it was made with telemetry=False): "
-                             "create it with telemetry=True to get a Run")
+            raise ValueError(
+                "this engine records nothing (it was made with telemetry=False): "
+                "create it with telemetry=True to get a Run"
+            )
         return cls(*recorder.snapshot())
 
     @classmethod
@@ -124,11 +126,20 @@ class Run:
 
         return save_html(self, path)
 
+    def show(self) -> None:
+        """Replay the run in a notebook: the dashboard's panels and a page-map step slider."""
+        from .widgets.replay import show
+
+        show(self)
+
     def __repr__(self) -> str:
         s = self.summary() if self.records else {}
         tps = s.get("output_tokens_per_s", math.nan)
-        return (f"<Run {self.meta.get('model', '?')}: {len(self.requests)} requests, {len(self.records)} steps"
-                + (f", {tps:.1f} output tok/s" if tps == tps else "") + ">")
+        return (
+            f"<Run {self.meta.get('model', '?')}: {len(self.requests)} requests, {len(self.records)} steps"
+            + (f", {tps:.1f} output tok/s" if tps == tps else "")
+            + ">"
+        )
 
 
 def load(path: str | os.PathLike) -> Run:

@@ -36,7 +36,12 @@ TRACE_FORMAT = "kvscope-trace"
 METRICS_FORMAT = "kvscope-metrics"
 FORMAT_VERSION = 1
 PHASES = ("schedule", "prepare", "forward", "sample", "update")
-STATE_COLOURS = {"waiting": "grey", "prefill": "thread_state_runnable", "decode": "good", "preempted": "terrible"}
+STATE_COLOURS = {
+    "waiting": "grey",
+    "prefill": "thread_state_runnable",
+    "decode": "good",
+    "preempted": "terrible",
+}
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> Path:
@@ -60,12 +65,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> P
 # ---- metrics (JSON Lines) -------------------------------------------------------------------------
 def write_metrics(run: Run, path: str | os.PathLike) -> Path:
     """Header line, then step and event lines in time order, then an end line (so truncation shows)."""
+
     def write(f: IO[str]) -> None:
-        f.write(json.dumps({"type": "header", "format": METRICS_FORMAT, "version": FORMAT_VERSION, "meta": run.meta}) + "\n")
+        f.write(
+            json.dumps(
+                {"type": "header", "format": METRICS_FORMAT, "version": FORMAT_VERSION, "meta": run.meta}
+            )
+            + "\n"
+        )
         for kind, item in _time_ordered(run):
             body = step_to_dict(item) if kind == "step" else event_to_dict(item)
             f.write(json.dumps({"type": kind, **body}) + "\n")
-        f.write(json.dumps({"type": "end", "num_steps": len(run.records), "num_events": len(run.events)}) + "\n")
+        f.write(
+            json.dumps({"type": "end", "num_steps": len(run.records), "num_events": len(run.events)}) + "\n"
+        )
 
     return atomic_write(path, write)
 
@@ -96,15 +109,38 @@ def build_trace(run: Run) -> dict[str, Any]:
         _meta("process_sort_index", REQUESTS_PID, 0, sort_index=1),
     ]
     for r in run.records:
-        ev.append({"ph": "X", "name": f"step {r.step}", "cat": "step", "pid": ENGINE_PID, "tid": 1,
-                   "ts": us(r.t_start_ns), "dur": round(r.duration_ns / 1000, 3),
-                   "args": {"prefill_tokens": r.num_prefill_tokens, "decode_tokens": r.num_decode_tokens,
-                            "running": r.num_running, "waiting": r.num_waiting, "sampled": r.num_output_tokens}})
+        ev.append(
+            {
+                "ph": "X",
+                "name": f"step {r.step}",
+                "cat": "step",
+                "pid": ENGINE_PID,
+                "tid": 1,
+                "ts": us(r.t_start_ns),
+                "dur": round(r.duration_ns / 1000, 3),
+                "args": {
+                    "prefill_tokens": r.num_prefill_tokens,
+                    "decode_tokens": r.num_decode_tokens,
+                    "running": r.num_running,
+                    "waiting": r.num_waiting,
+                    "sampled": r.num_output_tokens,
+                },
+            }
+        )
         t = r.t_start_ns
         for phase in PHASES:
             d = getattr(r, phase + "_ns")
-            ev.append({"ph": "X", "name": phase, "cat": "phase", "pid": ENGINE_PID, "tid": 1,
-                       "ts": us(t), "dur": round(d / 1000, 3)})
+            ev.append(
+                {
+                    "ph": "X",
+                    "name": phase,
+                    "cat": "phase",
+                    "pid": ENGINE_PID,
+                    "tid": 1,
+                    "ts": us(t),
+                    "dur": round(d / 1000, 3),
+                }
+            )
             t += d
         ev.extend(_counters(r, us(r.t_end_ns)))
     ev.extend(_request_lanes(run, us))
@@ -112,9 +148,13 @@ def build_trace(run: Run) -> dict[str, Any]:
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ms",
-        "kvscope": {"format": TRACE_FORMAT, "version": FORMAT_VERSION, "meta": run.meta,
-                    "records": [step_to_dict(r) for r in run.records],
-                    "events": [event_to_dict(e) for e in run.events]},
+        "kvscope": {
+            "format": TRACE_FORMAT,
+            "version": FORMAT_VERSION,
+            "meta": run.meta,
+            "records": [step_to_dict(r) for r in run.records],
+            "events": [event_to_dict(e) for e in run.events],
+        },
     }
 
 
@@ -135,7 +175,9 @@ def _counters(r, ts: float) -> list[dict[str, Any]]:
     mem = {k: v for k, v in r.memory.items() if k.endswith("_bytes") and isinstance(v, (int, float))}
     if mem:
         tracks["memory bytes"] = mem
-    return [{"ph": "C", "name": name, "pid": ENGINE_PID, "ts": ts, "args": args} for name, args in tracks.items()]
+    return [
+        {"ph": "C", "name": name, "pid": ENGINE_PID, "ts": ts, "args": args} for name, args in tracks.items()
+    ]
 
 
 def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]:
@@ -169,9 +211,18 @@ def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]
             continue
         base = {"cat": "request", "pid": REQUESTS_PID, "tid": 0, "id": index}
         start = segments[0][1]
-        out.append({**base, "ph": "b", "name": rid, "ts": us(start),
-                    "args": {"prompt_tokens": evs[0].num_prompt_tokens,
-                             "finish_reason": finished.reason if finished else None}})
+        out.append(
+            {
+                **base,
+                "ph": "b",
+                "name": rid,
+                "ts": us(start),
+                "args": {
+                    "prompt_tokens": evs[0].num_prompt_tokens,
+                    "finish_reason": finished.reason if finished else None,
+                },
+            }
+        )
         for (state, t), nxt in zip(segments, [*segments[1:], (None, end)]):
             t_end = max(nxt[1], t)
             out.append({**base, "ph": "b", "name": state, "ts": us(t), "cname": STATE_COLOURS[state]})

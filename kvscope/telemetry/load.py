@@ -32,7 +32,9 @@ def read_run_file(path: str | os.PathLike) -> Loaded:
     except IsADirectoryError:
         raise RunFileError(f"{path}: is a folder, not a kvscope trace or metrics file") from None
     except UnicodeDecodeError:
-        raise RunFileError(f"{path}: not a text file (a kvscope trace is JSON, a metrics file JSON Lines)") from None
+        raise RunFileError(
+            f"{path}: not a text file (a kvscope trace is JSON, a metrics file JSON Lines)"
+        ) from None
     if not text.strip():
         raise RunFileError(f"{path}: the file is empty")
     first_line = text.lstrip().split("\n", 1)[0]
@@ -87,7 +89,9 @@ def _read_metrics(path: Path, text: str) -> Loaded:
         else:
             raise RunFileError(f"{path}: line {i} has unknown type {kind!r}")
     if end is None:
-        raise RunFileError(f"{path}: truncated (no end line after {len(records)} steps and {len(events)} events)")
+        raise RunFileError(
+            f"{path}: truncated (no end line after {len(records)} steps and {len(events)} events)"
+        )
     if end.get("num_steps") != len(records) or end.get("num_events") != len(events):
         raise RunFileError(
             f"{path}: damaged: the end line announces {end.get('num_steps')} steps and {end.get('num_events')} "
@@ -102,14 +106,26 @@ def _read_trace(path: Path, text: str) -> Loaded:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         at_end = exc.pos >= len(text.rstrip()) - 1
-        why = "truncated JSON (it ends before the document closes)" if at_end else f"not valid JSON ({exc.msg} at line {exc.lineno})"
-        raise RunFileError(f"{path}: {why}; expected a kvscope trace (.json) or metrics file (.jsonl)") from None
+        why = (
+            "truncated JSON (it ends before the document closes)"
+            if at_end
+            else f"not valid JSON ({exc.msg} at line {exc.lineno})"
+        )
+        raise RunFileError(
+            f"{path}: {why}; expected a kvscope trace (.json) or metrics file (.jsonl)"
+        ) from None
     if not isinstance(obj, dict):
-        raise RunFileError(f"{path}: JSON {type(obj).__name__}, not a kvscope trace (an object with 'traceEvents' and 'kvscope')")
+        raise RunFileError(
+            f"{path}: JSON {type(obj).__name__}, not a kvscope trace (an object with 'traceEvents' and 'kvscope')"
+        )
     data = obj.get("kvscope")
     if not isinstance(data, dict):
-        what = "a Chrome/Perfetto trace from another tool" if "traceEvents" in obj else "JSON from another tool"
-        raise RunFileError(f"{path}: {what} (no 'kvscope' key); kvscope.load reads the traces and metrics kvscope writes")
+        what = (
+            "a Chrome/Perfetto trace from another tool" if "traceEvents" in obj else "JSON from another tool"
+        )
+        raise RunFileError(
+            f"{path}: {what} (no 'kvscope' key); kvscope.load reads the traces and metrics kvscope writes"
+        )
     _check_format(path, data.get("format"), data.get("version"), TRACE_FORMAT)
     records = [step_from_dict(d) for d in data.get("records", [])]
     events = [event_from_dict(d) for d in data.get("events", [])]

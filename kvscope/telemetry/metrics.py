@@ -79,9 +79,19 @@ def steps_frame(records: Sequence[StepRecord], t0_ns: int) -> pd.DataFrame:
 
 
 KV_COLUMNS = (
-    "num_blocks", "block_size", "blocks_used", "blocks_cached_free", "tokens_stored", "block_usage",
-    "token_usage", "fragmentation", "static_reservation_bytes", "paged_bytes", "prefix_cache_queries",
-    "prefix_cache_hits", "num_evictions",
+    "num_blocks",
+    "block_size",
+    "blocks_used",
+    "blocks_cached_free",
+    "tokens_stored",
+    "block_usage",
+    "token_usage",
+    "fragmentation",
+    "static_reservation_bytes",
+    "paged_bytes",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_evictions",
 )
 _PROF_ORDER = {f"prof_{c}_ns": i for i, c in enumerate((*PROFILE_CATEGORIES, "total"))}
 
@@ -104,9 +114,17 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
         row = by_id.get(e.request_id)
         if row is None:
             row = by_id[e.request_id] = {
-                "request_id": e.request_id, "num_prompt_tokens": e.num_prompt_tokens, "num_output_tokens": 0,
-                "num_cached_tokens": 0, "queued_ns": None, "scheduled_ns": None, "first_token_ns": None,
-                "finished_ns": None, "num_preemptions": 0, "finish_reason": None, "error": None,
+                "request_id": e.request_id,
+                "num_prompt_tokens": e.num_prompt_tokens,
+                "num_output_tokens": 0,
+                "num_cached_tokens": 0,
+                "queued_ns": None,
+                "scheduled_ns": None,
+                "first_token_ns": None,
+                "finished_ns": None,
+                "num_preemptions": 0,
+                "finish_reason": None,
+                "error": None,
             }
         row["num_output_tokens"] = max(row["num_output_tokens"], e.num_output_tokens)
         kind = e.kind
@@ -130,23 +148,52 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
         last = tt[-1] if tt else None
         itl = np.diff(tt) / NS if len(tt) > 1 else np.empty(0)
         n_out = row["num_output_tokens"]
-        rows.append({
-            **row,
-            "queued_s": _rel(q, t0_ns), "scheduled_s": _rel(s, t0_ns),
-            "first_token_s": _rel(f, t0_ns), "finished_s": _rel(end, t0_ns),
-            "queue_s": _span(q, s), "prefill_s": _span(s, f), "decode_s": _span(f, last),
-            "inference_s": _span(s, last), "ttft_s": _span(q, f), "e2e_s": _span(q, end),
-            "tpot_s": _span(f, last) / (n_out - 1) if n_out > 1 and f is not None and last is not None else math.nan,
-            "itl_mean_s": float(itl.mean()) if len(itl) else math.nan,
-            "itl_p50_s": _pct(itl, 50), "itl_p99_s": _pct(itl, 99),
-        })
+        rows.append(
+            {
+                **row,
+                "queued_s": _rel(q, t0_ns),
+                "scheduled_s": _rel(s, t0_ns),
+                "first_token_s": _rel(f, t0_ns),
+                "finished_s": _rel(end, t0_ns),
+                "queue_s": _span(q, s),
+                "prefill_s": _span(s, f),
+                "decode_s": _span(f, last),
+                "inference_s": _span(s, last),
+                "ttft_s": _span(q, f),
+                "e2e_s": _span(q, end),
+                "tpot_s": _span(f, last) / (n_out - 1)
+                if n_out > 1 and f is not None and last is not None
+                else math.nan,
+                "itl_mean_s": float(itl.mean()) if len(itl) else math.nan,
+                "itl_p50_s": _pct(itl, 50),
+                "itl_p99_s": _pct(itl, 99),
+            }
+        )
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
 REQUEST_COLUMNS = [
-    "request_id", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "queued_s", "scheduled_s",
-    "first_token_s", "finished_s", "queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "tpot_s",
-    "e2e_s", "itl_mean_s", "itl_p50_s", "itl_p99_s", "num_preemptions", "finish_reason", "error",
+    "request_id",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "num_cached_tokens",
+    "queued_s",
+    "scheduled_s",
+    "first_token_s",
+    "finished_s",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "inference_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "itl_mean_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "num_preemptions",
+    "finish_reason",
+    "error",
 ]
 
 
@@ -164,8 +211,12 @@ def all_itls(records: Sequence[StepRecord]) -> np.ndarray:
     return np.concatenate(parts) / NS if parts else np.empty(0)
 
 
-def summary(records: Sequence[StepRecord], events: Sequence[RequestEvent], meta: dict[str, Any],
-            requests: pd.DataFrame) -> dict[str, Any]:
+def summary(
+    records: Sequence[StepRecord],
+    events: Sequence[RequestEvent],
+    meta: dict[str, Any],
+    requests: pd.DataFrame,
+) -> dict[str, Any]:
     """Headline numbers of a run (definitions in docs/telemetry.md)."""
     out: dict[str, Any] = {"requests": len(requests), "steps": len(records)}
     out["finished"] = int(requests["finish_reason"].notna().sum()) if len(requests) else 0
@@ -176,7 +227,9 @@ def summary(records: Sequence[StepRecord], events: Sequence[RequestEvent], meta:
     out_tokens = sum(r.num_output_tokens for r in records)
     prompt_tokens = sum(r.num_prefill_tokens for r in records)
     out.update(
-        duration_s=duration, output_tokens=out_tokens, computed_prefill_tokens=prompt_tokens,
+        duration_s=duration,
+        output_tokens=out_tokens,
+        computed_prefill_tokens=prompt_tokens,
         output_tokens_per_s=out_tokens / duration if duration > 0 else math.nan,
         total_tokens_per_s=(out_tokens + prompt_tokens) / duration if duration > 0 else math.nan,
         mean_step_ms=float(np.mean([r.duration_ns for r in records]) / 1e6) if records else math.nan,
@@ -204,6 +257,9 @@ def summary(records: Sequence[StepRecord], events: Sequence[RequestEvent], meta:
     base_h = meta.get("prefix_cache_hits_before", 0)
     queries = kvs[-1].prefix_cache_queries - base_q if kvs else 0
     hits = kvs[-1].prefix_cache_hits - base_h if kvs else 0
-    out.update(prefix_cache_queries=queries, prefix_cache_hits=hits,
-               prefix_cache_hit_rate=hits / queries if queries else math.nan)
+    out.update(
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hits / queries if queries else math.nan,
+    )
     return out

@@ -62,9 +62,17 @@ class PageMapTracker:
         filled: dict[int, int] = {}
         for request, n in zip(sched.requests, sched.num_tokens):
             rid, table = request.request_id, request.block_ids
+            if not table:  # finished this step: its blocks were freed (and reported by the pool)
+                continue
             computed = request.num_computed_tokens  # already includes this step's tokens
             first_written = (computed - n) // bs
             mine = self.tables.setdefault(rid, [])
+            if n == 1 and len(mine) == len(table):  # the common case: a decode into its tail block
+                j = (computed - 1) // bs
+                b = table[j]
+                filled[b] = computed - j * bs
+                dirty.add(b)
+                continue
             for j in range(len(mine), len(table)):  # blocks that entered its table this step
                 b = table[j]
                 mine.append(b)
@@ -92,8 +100,12 @@ class PageMapTracker:
                 else:
                     entry = PageEntry(owner[b], bs, "cached", 0)
             else:
-                entry = PageEntry(owner[b], filled.get(b, old.filled if old.refs else bs),
-                                  "shared" if refs > 1 else "used", refs)
+                entry = PageEntry(
+                    owner[b],
+                    filled.get(b, old.filled if old.refs else bs),
+                    "shared" if refs > 1 else "used",
+                    refs,
+                )
             if entry != old:
                 entries[b] = entry
                 changes[b] = entry

@@ -62,7 +62,9 @@ class NvmlReader:
         index = device.index if device.index is not None else torch.cuda.current_device()
         try:
             uuid = str(torch.cuda.get_device_properties(index).uuid)
-            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            return pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+            )
         except Exception:
             return pynvml.nvmlDeviceGetHandleByIndex(index)
 
@@ -99,6 +101,8 @@ class MemoryProbe:
         }
         self.process = _process()
         self.cuda = self.device.type == "cuda"
+        # torch.cuda.memory_allocated answers 0 where CUDA is absent: ask only where it is real.
+        self.allocator = self.cuda and torch.cuda.is_available()
         self.nvml = NvmlReader(self.device) if self.cuda and use_nvml else None
         self.last: dict[str, Any] | None = None
 
@@ -123,7 +127,7 @@ class MemoryProbe:
                 out["host_rss_bytes"] = int(self.process.memory_info().rss)
             except Exception:
                 self.process = None
-        if self.cuda:
+        if self.allocator:
             try:
                 out["torch_allocated_bytes"] = int(torch.cuda.memory_allocated(self.device))
                 out["torch_reserved_bytes"] = int(torch.cuda.memory_reserved(self.device))

@@ -43,11 +43,27 @@ from .records import PROFILE_CATEGORIES, StepRecord
 if TYPE_CHECKING:
     from ..engine import Engine
 
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::mv",
-                        "aten::addmv", "aten::_addmm_activation", "aten::linear", "aten::dot"})
+MATMUL_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::matmul",
+        "aten::mv",
+        "aten::addmv",
+        "aten::_addmm_activation",
+        "aten::linear",
+        "aten::dot",
+    }
+)
 ATTENTION_WORDS = ("attention", "flash", "sdpa", "fmha")
 MATMUL_WORDS = ("gemm", "gemv", "matmul", "cublas", "cutlass", "xmma", "sm80_", "sm90_")
-RANGE_CATEGORY = {"kvscope.sample": "sampling", "kvscope.store_kv": "store_kv", "kvscope.paged_attention": "attention"}
+RANGE_CATEGORY = {
+    "kvscope.sample": "sampling",
+    "kvscope.store_kv": "store_kv",
+    "kvscope.paged_attention": "attention",
+}
 
 
 class NullMarks:
@@ -83,10 +99,20 @@ def categorize(name: str, ranges: tuple[str, ...]) -> str:
 class Profiler:
     """One profiling window over the next engine steps (see the module doc)."""
 
-    def __init__(self, engine: Engine, num_steps: int = 3, wait: int = 0, warmup: int = 1,
-                 record_shapes: bool = False, with_stack: bool = False, keep_trace: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        num_steps: int = 3,
+        wait: int = 0,
+        warmup: int = 1,
+        record_shapes: bool = False,
+        with_stack: bool = False,
+        keep_trace: bool = True,
+    ) -> None:
         if engine.recorder is None:
-            raise ValueError("profiling attaches its summaries to step records: create the engine with telemetry=True")
+            raise ValueError(
+                "profiling attaches its summaries to step records: create the engine with telemetry=True"
+            )
         if num_steps < 1 or wait < 0 or warmup < 0:
             raise ValueError(f"num_steps={num_steps} must be >= 1 and wait={wait}, warmup={warmup} >= 0")
         self.engine, self.recorder = engine, engine.recorder
@@ -94,9 +120,13 @@ class Profiler:
         self.keep_trace = keep_trace
         self.cuda = engine.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack,
-                            schedule=schedule(wait=wait, warmup=warmup, active=num_steps, repeat=1),
-                            on_trace_ready=self._ready)
+        self.prof = profile(
+            activities=activities,
+            record_shapes=record_shapes,
+            with_stack=with_stack,
+            schedule=schedule(wait=wait, warmup=warmup, active=num_steps, repeat=1),
+            on_trace_ready=self._ready,
+        )
         self.summaries: dict[int, dict[str, int]] = {}
         self.trace_events: list[dict[str, Any]] = []  # Kineto events, ts in perf_counter microseconds
         self.clock_offset_ns: int | None = None  # Kineto clock - perf_counter_ns
@@ -114,8 +144,11 @@ class Profiler:
         self._fallback_offset = time.time_ns() - time.perf_counter_ns()
         runner = self.engine.runner
         self._saved_backend = runner.backend
-        runner.backend = replace(runner.backend, store_kv=_ranged("kvscope.store_kv", runner.backend.store_kv),
-                                 paged_attention=_ranged("kvscope.paged_attention", runner.backend.paged_attention))
+        runner.backend = replace(
+            runner.backend,
+            store_kv=_ranged("kvscope.store_kv", runner.backend.store_kv),
+            paged_attention=_ranged("kvscope.paged_attention", runner.backend.paged_attention),
+        )
         self._unsubscribe = self.recorder.subscribe(self._on_record)
         self.prof.start()
         self.engine.phase_marks = self
@@ -191,7 +224,9 @@ class Profiler:
     def _summarise(self, prof: profile, steps: list[int]) -> dict[int, dict[str, int]]:
         """Kernel time by category per active step; ``ProfilerStep*`` ranges in time order are the steps."""
         sums: dict[int, dict[str, float]] = {}
-        roots = sorted((e for e in prof.events() if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+        roots = sorted(
+            (e for e in prof.events() if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start
+        )
         for root, step in zip(roots, steps):
             acc = sums[step] = dict.fromkeys(PROFILE_CATEGORIES, 0.0)
             stack = [(child, ()) for child in root.cpu_children]
@@ -208,7 +243,7 @@ class Profiler:
                 stack.extend((child, ranges) for child in ev.cpu_children)
         out = {}
         for step, acc in sums.items():
-            ns = {k: int(round(v * 1000)) for k, v in acc.items()}  # torch reports microseconds
+            ns = {k: round(v * 1000) for k, v in acc.items()}  # torch reports microseconds
             ns["total"] = sum(ns.values())
             out[step] = ns
         return out
@@ -227,7 +262,9 @@ class Profiler:
         events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
         self.clock_offset_ns = self._measure_offset(events, base)
         shift_us = (base - self.clock_offset_ns) / 1000
-        return [{**e, "ts": e["ts"] + shift_us} if isinstance(e.get("ts"), (int, float)) else e for e in events]
+        return [
+            {**e, "ts": e["ts"] + shift_us} if isinstance(e.get("ts"), (int, float)) else e for e in events
+        ]
 
     def _measure_offset(self, events: list[dict[str, Any]], base: int) -> int:
         first = self.wait + self.warmup
@@ -237,10 +274,18 @@ class Profiler:
                 ours.setdefault(name, []).append(t)
         theirs: dict[str, list[int]] = {}
         for e in events:
-            if e.get("ph") == "X" and e.get("name", "").startswith("kvscope.") and e.get("cat") == "user_annotation":
-                theirs.setdefault(e["name"], []).append(int(round(e["ts"] * 1000)) + base)
-        diffs = [k - o for name, ts in theirs.items() if len(ts) == len(ours.get(name, ()))
-                 for k, o in zip(sorted(ts), ours[name])]
+            if (
+                e.get("ph") == "X"
+                and e.get("name", "").startswith("kvscope.")
+                and e.get("cat") == "user_annotation"
+            ):
+                theirs.setdefault(e["name"], []).append(round(e["ts"] * 1000) + base)
+        diffs = [
+            k - o
+            for name, ts in theirs.items()
+            if len(ts) == len(ours.get(name, ()))
+            for k, o in zip(sorted(ts), ours[name])
+        ]
         return int(statistics.median(diffs)) if diffs else self._fallback_offset
 
 

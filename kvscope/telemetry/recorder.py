@@ -35,14 +35,22 @@ _STEP_CAUSED = ("stop", "length")
 
 
 class Recorder:
-    def __init__(self, engine: Engine, capacity: int = 100_000, memory_interval_s: float = 0.05,
-                 snapshot_every: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        capacity: int = 100_000,
+        memory_interval_s: float = 0.05,
+        snapshot_every: int | None = None,
+    ) -> None:
         self.engine = engine
         self.capacity = capacity
         self.subscribers: list[Subscriber] = []
         self.subscriber_errors: list[str] = []
         self.pages = PageMapTracker(engine.pool, snapshot_every)
         self.memory = MemoryProbe(engine, memory_interval_s)
+        # constants of the engine, read once (ModelSpec computes them on every access)
+        self.kv_bytes_per_token = engine.spec.kv_bytes_per_token
+        self.kv_bytes_per_block = engine.spec.kv_bytes_per_block(engine.pool.block_size)
         self.clear()
 
     def clear(self) -> None:
@@ -56,8 +64,10 @@ class Recorder:
         self._was_preempted: set[str] = set()
         self.pages.since_snapshot = self.pages.snapshot_every  # the next record is a full snapshot
         pool = self.engine.pool
-        self.baseline = {"prefix_cache_queries_before": pool.prefix_cache_queries,
-                         "prefix_cache_hits_before": pool.prefix_cache_hits}
+        self.baseline = {
+            "prefix_cache_queries_before": pool.prefix_cache_queries,
+            "prefix_cache_hits_before": pool.prefix_cache_hits,
+        }
 
     # ---- readers ---------------------------------------------------------------------------------
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
@@ -97,8 +107,14 @@ class Recorder:
         return records, events, meta, list(self.profiler_events)
 
     # ---- request events ----------------------------------------------------------------------------
-    def request_event(self, kind: str, request: Request, t_ns: int | None = None, num_cached_tokens: int = 0,
-                      num_output_tokens: int | None = None) -> None:
+    def request_event(
+        self,
+        kind: str,
+        request: Request,
+        t_ns: int | None = None,
+        num_cached_tokens: int = 0,
+        num_output_tokens: int | None = None,
+    ) -> None:
         finished = kind == "finished"
         event = RequestEvent(
             t_ns=t_ns if t_ns is not None else time.perf_counter_ns(),
@@ -158,20 +174,40 @@ class Recorder:
             else:
                 prefill_seqs += 1
                 prefill_tokens += n
-            scheduled.append(ScheduledItem(request.request_id, "decode" if is_decode else "prefill", n,
-                                           request.num_computed_tokens, id(request) in sampled))
+            scheduled.append(
+                ScheduledItem(
+                    request.request_id,
+                    "decode" if is_decode else "prefill",
+                    n,
+                    request.num_computed_tokens,
+                    id(request) in sampled,
+                )
+            )
         num_finished = sum(1 for r in sched.requests if r.is_finished) + len(sched.failed)
         page_map, full = self.pages.update(sched)
         record = StepRecord(
-            step=engine.step_index, t_start_ns=t[0], t_end_ns=t_end,
-            schedule_ns=t[1] - t[0], prepare_ns=t[2] - t[1], forward_ns=t[3] - t[2],
-            sample_ns=t[4] - t[3], update_ns=t_end - t[4],
-            num_prefill_seqs=prefill_seqs, num_prefill_tokens=prefill_tokens,
-            num_decode_seqs=decode_seqs, num_decode_tokens=decode_tokens,
-            num_running=len(engine.scheduler.running), num_waiting=len(engine.scheduler.waiting),
-            num_preempted=len(sched.preempted), num_finished=num_finished,
-            num_output_tokens=len(sampled), scheduled=scheduled, kv=self.kv_state(),
-            page_map=page_map, page_map_full=full, memory=self.memory.sample(t_end),
+            step=engine.step_index,
+            t_start_ns=t[0],
+            t_end_ns=t_end,
+            schedule_ns=t[1] - t[0],
+            prepare_ns=t[2] - t[1],
+            forward_ns=t[3] - t[2],
+            sample_ns=t[4] - t[3],
+            update_ns=t_end - t[4],
+            num_prefill_seqs=prefill_seqs,
+            num_prefill_tokens=prefill_tokens,
+            num_decode_seqs=decode_seqs,
+            num_decode_tokens=decode_tokens,
+            num_running=len(engine.scheduler.running),
+            num_waiting=len(engine.scheduler.waiting),
+            num_preempted=len(sched.preempted),
+            num_finished=num_finished,
+            num_output_tokens=len(sampled),
+            scheduled=scheduled,
+            kv=self.kv_state(),
+            page_map=page_map,
+            page_map_full=full,
+            memory=self.memory.sample(t_end),
         )
         self.steps.append(record)
         self.num_steps_recorded += 1
@@ -204,13 +240,18 @@ class Recorder:
         tokens_stored = computed - bs * (table_entries - used)
         slots_used = used * bs
         return KVState(
-            num_blocks=pool.num_blocks, block_size=bs, blocks_used=used,
-            blocks_cached_free=pool.num_cached_free_blocks, tokens_stored=tokens_stored,
-            block_usage=used / pool.num_blocks, token_usage=tokens_stored / (pool.num_blocks * bs),
+            num_blocks=pool.num_blocks,
+            block_size=bs,
+            blocks_used=used,
+            blocks_cached_free=pool.num_cached_free_blocks,
+            tokens_stored=tokens_stored,
+            block_usage=used / pool.num_blocks,
+            token_usage=tokens_stored / (pool.num_blocks * bs),
             fragmentation=1.0 - tokens_stored / slots_used if slots_used else 0.0,
-            static_reservation_bytes=len(running) * engine.max_model_len * engine.spec.kv_bytes_per_token,
-            paged_bytes=used * engine.spec.kv_bytes_per_block(bs),
-            prefix_cache_queries=pool.prefix_cache_queries, prefix_cache_hits=pool.prefix_cache_hits,
+            static_reservation_bytes=len(running) * engine.max_model_len * self.kv_bytes_per_token,
+            paged_bytes=used * self.kv_bytes_per_block,
+            prefix_cache_queries=pool.prefix_cache_queries,
+            prefix_cache_hits=pool.prefix_cache_hits,
             num_evictions=pool.num_evictions,
         )
 

@@ -36,14 +36,20 @@ def step_to_dict(record: StepRecord) -> dict[str, Any]:
 def step_from_dict(d: dict[str, Any]) -> StepRecord:
     try:
         kwargs = {name: d[name] for name in _STEP_SCALARS}
-        kwargs["scheduled"] = [ScheduledItem(str(r), str(k), int(n), int(c), bool(s)) for r, k, n, c, s in d["scheduled"]]
+        kwargs["scheduled"] = [
+            ScheduledItem(str(r), str(k), int(n), int(c), bool(s)) for r, k, n, c, s in d["scheduled"]
+        ]
         kwargs["kv"] = KVState(**{name: d["kv"][name] for name in _KV_FIELDS})
-        kwargs["page_map"] = {int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()}
+        kwargs["page_map"] = {
+            int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()
+        }
         kwargs["memory"] = dict(d.get("memory") or {})
         profile = d.get("profile")
         kwargs["profile"] = {str(k): int(v) for k, v in profile.items()} if profile is not None else None
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"step record {d.get('step', '?') if isinstance(d, dict) else '?'} is malformed ({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"step record {d.get('step', '?') if isinstance(d, dict) else '?'} is malformed ({type(exc).__name__}: {exc})"
+        ) from None
     return StepRecord(**kwargs)
 
 

@@ -10,9 +10,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from telemetry_util import PROMPT_A, PROMPT_B, greedy, make_engine  # noqa: E402
+from telemetry_util import PROMPT_A, PROMPT_B, greedy, make_engine
 
-from kvscope import Engine  # noqa: E402
+from kvscope import Engine
 
 # On a shared 2-core machine, torch's intra-op threads spin against other processes and a 1 ms step
 # can take 500 ms; one thread keeps these tests fast and their timing stable.

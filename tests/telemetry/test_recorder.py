@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from telemetry_util import PROMPT_A, PROMPT_B, greedy, make_engine
 
@@ -16,7 +18,9 @@ def test_fragmentation_matches_hand_computed_values(two_request_run):
     # Step 2: 7 + 9 tokens, B needs a third block: 16 / 20.  Step 3: both finish, nothing used.
     assert [r.kv.blocks_used for r in run.records] == [4, 4, 5, 0]
     assert [r.kv.tokens_stored for r in run.records] == [12, 14, 16, 0]
-    assert [r.kv.fragmentation for r in run.records] == pytest.approx([1 - 12 / 16, 1 - 14 / 16, 1 - 16 / 20, 0.0])
+    assert [r.kv.fragmentation for r in run.records] == pytest.approx(
+        [1 - 12 / 16, 1 - 14 / 16, 1 - 16 / 20, 0.0]
+    )
     assert [r.kv.token_usage for r in run.records] == pytest.approx([12 / 256, 14 / 256, 16 / 256, 0.0])
 
 
@@ -37,7 +41,9 @@ def test_batch_composition_and_sampled_flags(two_request_run):
     assert (first.num_prefill_seqs, first.num_prefill_tokens, first.num_decode_tokens) == (2, 12, 0)
     assert (second.num_prefill_seqs, second.num_decode_seqs, second.num_decode_tokens) == (0, 2, 2)
     assert [(s.kind, s.num_tokens, s.context_len, s.sampled) for s in first.scheduled] == [
-        ("prefill", 5, 5, True), ("prefill", 7, 7, True)]
+        ("prefill", 5, 5, True),
+        ("prefill", 7, 7, True),
+    ]
     assert all(s.sampled for r in run.records for s in r.scheduled)
     assert [r.num_output_tokens for r in run.records] == [2, 2, 2, 2]
     assert [r.num_finished for r in run.records] == [0, 0, 0, 2]
@@ -74,17 +80,19 @@ def test_request_events_and_latencies_agree_with_step_timestamps(two_request_run
     _, run = two_request_run
     by_kind = {(e.request_id, e.kind): e for e in run.events}
     ends = [r.t_end_ns for r in run.records]
-    for rid in ("req-a", "req-b") if False else {e.request_id for e in run.events}:
+    for rid in run.requests["request_id"]:
         q, s = by_kind[(rid, "queued")], by_kind[(rid, "scheduled")]
         f, fin = by_kind[(rid, "first_token")], by_kind[(rid, "finished")]
         assert q.t_ns <= s.t_ns <= f.t_ns <= fin.t_ns
-        assert s.t_ns == run.records[0].t_start_ns + run.records[0].schedule_ns  # stamped at end of scheduling
+        assert (
+            s.t_ns == run.records[0].t_start_ns + run.records[0].schedule_ns
+        )  # stamped at end of scheduling
         assert f.t_ns == ends[0]  # the first token arrives when step 0 hands it back
         assert fin.t_ns == ends[3] and fin.reason == "length" and fin.num_output_tokens == 4
         row = run.requests.set_index("request_id").loc[rid]
         assert row.ttft_s == pytest.approx((ends[0] - q.t_ns) / 1e9, abs=1e-12)
         assert row.e2e_s == pytest.approx((ends[3] - q.t_ns) / 1e9, abs=1e-12)
-        itl = [(b - a) / 1e9 for a, b in zip(ends, ends[1:])]
+        itl = [(b - a) / 1e9 for a, b in itertools.pairwise(ends)]
         assert row.itl_mean_s == pytest.approx(sum(itl) / 3)
         assert row.tpot_s == pytest.approx((ends[3] - ends[0]) / 1e9 / 3)
         assert row.queue_s == pytest.approx((s.t_ns - q.t_ns) / 1e9, abs=1e-12)
@@ -104,7 +112,9 @@ def test_prefix_hits_are_counted():
     assert [s.num_tokens for s in run.records[0].scheduled] == [8, 2]
     shared_pages = {b: e for b, e in run.records[0].page_map.items() if e.state == "shared"}
     assert len(shared_pages) == 2
-    assert all(e.refs == 2 and e.filled == 4 and e.owner == run.requests.request_id[0] for e in shared_pages.values())
+    assert all(
+        e.refs == 2 and e.filled == 4 and e.owner == run.requests.request_id[0] for e in shared_pages.values()
+    )
 
 
 def test_preemption_events_and_lanes():

@@ -1,0 +1,221 @@
+"""What telemetry costs: kvscope throughput with telemetry off vs on, same process, same workload.
+
+    python benchmarks/overhead.py            # ~60M-parameter random Llama, 48 requests, 5 repeats
+    python benchmarks/overhead.py --quick    # a smaller workload, 3 repeats
+    python benchmarks/overhead.py --model tiny --threads 1 --json out.json
+
+Each mode gets its own engine over one shared model. Runs are interleaved (off, on, on, off, ...) so
+that drift of a shared machine hits every mode alike; the figure is the median of the repeats.
+Throughput is reported per wall-clock second and per CPU second of this process (``process_time``):
+on a machine shared with other work the wall-clock figure swings with their load, the CPU-time one
+much less (with ``--threads 1`` especially). Last, the recorder's own time per step (``record_step``
+timed directly) is the cost itself, free of run-to-run noise.
+
+Extension point: ``MODES`` lists what is compared. A mode is a name, whether the engine records,
+and an optional ``attach(engine)`` called before each timed run that returns a ``detach()``; e.g. the
+dashboard adds ``Mode("live dashboard (headless)", True, attach=...)`` to get a third column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvscope import Engine, SamplingParams
+from kvscope.models import build_tiny_model
+
+BENCH_MODEL = dict(
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=1024,
+)
+
+
+@dataclass(slots=True)
+class Mode:
+    name: str
+    telemetry: bool
+    attach: Callable[[Engine], Callable[[], None]] | None = None
+
+
+MODES: list[Mode] = [Mode("telemetry off", False), Mode("telemetry on", True)]
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(p.max_tokens for p in self.params)
+
+
+def make_workload(
+    n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int, seed: int = 0
+) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_len))] for _ in range(n)]
+    params = [SamplingParams(max_tokens=rng.randint(*output_len), ignore_eos=True) for _ in range(n)]
+    return Workload(prompts, params)
+
+
+def make_engines(model_name: str, block_size: int) -> dict[str, Engine]:
+    if model_name == "bench":
+        model, tokenizer = build_tiny_model("llama", init_std=0.02, **BENCH_MODEL), None
+    else:
+        first = Engine(model_name, telemetry=False)
+        model, tokenizer = first.model, first.tokenizer
+    kwargs = dict(block_size=block_size, num_blocks=2048, max_model_len=512)
+    return {m.name: Engine(model, tokenizer=tokenizer, telemetry=m.telemetry, **kwargs) for m in MODES}
+
+
+def run_once(engine: Engine, mode: Mode, work: Workload) -> tuple[float, float]:
+    """Output tokens per wall-clock second and per CPU second of one full workload."""
+    if engine.recorder is not None:
+        engine.recorder.clear()
+    detach = mode.attach(engine) if mode.attach else None
+    try:
+        start, cpu = time.perf_counter(), time.process_time()
+        outs = engine.generate(work.prompts, work.params)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        if detach:
+            detach()
+    assert sum(len(o.token_ids) for o in outs) == work.output_tokens
+    return work.output_tokens / elapsed, work.output_tokens / cpu
+
+
+def recorder_cost(engine: Engine, work: Workload) -> tuple[float, float]:
+    """(recorder CPU microseconds per step, its share of the steps' CPU time) over one untimed run.
+
+    Thread CPU time (``thread_time_ns``) of ``record_step`` and of ``Engine.step``: unlike wall time it
+    does not count the moments another process held the core. With several torch threads the step's
+    worker-thread time is left out, which overstates the share (a safe error).
+    """
+    recorder = engine.recorder
+    assert recorder is not None
+    in_record: list[int] = []
+    in_step: list[int] = []
+    record_step, step = recorder.record_step, engine.step
+
+    def timed_record(*args, **kwargs):
+        t = time.thread_time_ns()
+        out = record_step(*args, **kwargs)
+        in_record.append(time.thread_time_ns() - t)
+        return out
+
+    def timed_step():
+        t = time.thread_time_ns()
+        out = step()
+        in_step.append(time.thread_time_ns() - t)
+        return out
+
+    recorder.clear()
+    recorder.record_step, engine.step = timed_record, timed_step
+    try:
+        engine.generate(work.prompts, work.params)
+    finally:
+        del recorder.record_step, engine.step
+    return sum(in_record) / len(in_record) / 1e3, sum(in_record) / sum(in_step)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--model", default="bench", help="'bench' (random ~60M Llama), 'tiny', 'smollm2' or a path"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="12 requests, shorter prompts and outputs, 3 repeats"
+    )
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    n = args.requests or (12 if args.quick else 48)
+    repeats = args.repeats or (3 if args.quick else 5)
+    prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((16, 256), (8, 128))
+
+    engines = make_engines(args.model, args.block_size)
+    vocab = next(iter(engines.values())).spec.vocab_size or 512
+    work = make_workload(n, prompt_len, output_len, vocab)
+    warm = make_workload(4, (8, 32), (4, 8), vocab, seed=1)
+    modes = {m.name: m for m in MODES}
+    for name, engine in engines.items():
+        run_once(engine, modes[name], warm)
+
+    wall: dict[str, list[float]] = {m.name: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m.name: [] for m in MODES}
+    for r in range(repeats):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            w, c = run_once(engines[mode.name], mode, work)
+            wall[mode.name].append(w)
+            cpu[mode.name].append(c)
+            print(
+                f"repeat {r + 1}/{repeats} {mode.name:28s} {w:8.1f} tok/s {c:8.1f} tok/CPU-s", file=sys.stderr
+            )
+
+    off = MODES[0].name
+    record_us, record_share = recorder_cost(engines["telemetry on"], work)
+    modes = {}
+    for name in wall:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        modes[name] = {
+            "median_tok_s": w,
+            "median_tok_cpu_s": c,
+            "ratio_to_off": w / statistics.median(wall[off]),
+            "cpu_ratio_to_off": c / statistics.median(cpu[off]),
+            # per-repeat ratio to the off run beside it, then the median: robust to slow drift
+            "paired_ratio_to_off": statistics.median(x / y for x, y in zip(wall[name], wall[off])),
+            "paired_cpu_ratio_to_off": statistics.median(x / y for x, y in zip(cpu[name], cpu[off])),
+            "runs_tok_s": wall[name],
+            "runs_tok_cpu_s": cpu[name],
+        }
+    report = {
+        "model": args.model,
+        "requests": n,
+        "output_tokens": work.output_tokens,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "modes": modes,
+        "record_step_cpu_us": record_us,
+        "record_share_of_step_cpu": record_share,
+    }
+    print(
+        f"\nmodel {args.model}, {n} requests, {work.output_tokens} output tokens, {repeats} interleaved "
+        f"repeats, {report['threads']} threads"
+    )
+    print(
+        f"{'mode':28s} {'tok/s':>9s} {'vs off':>7s} {'paired':>7s} {'tok/CPU-s':>10s} {'vs off':>7s} {'paired':>7s}"
+    )
+    for name, row in modes.items():
+        print(
+            f"{name:28s} {row['median_tok_s']:9.1f} {row['ratio_to_off']:7.3f} {row['paired_ratio_to_off']:7.3f} "
+            f"{row['median_tok_cpu_s']:10.1f} {row['cpu_ratio_to_off']:7.3f} {row['paired_cpu_ratio_to_off']:7.3f}"
+        )
+    print(f"recorder: {record_us:.0f} us CPU per step = {100 * record_share:.2f}% of the steps' CPU time")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
