@@ -48,8 +48,9 @@ def read_run_file(path: str | os.PathLike) -> Loaded:
         return _read_trace(path, text)
     except RunFileError:
         raise
-    except ValueError as exc:  # malformed records inside an otherwise kvscope-shaped file
-        raise RunFileError(f"{path}: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        # malformed records inside an otherwise kvscope-shaped file (found by fuzzing)
+        raise RunFileError(f"{path}: a damaged kvscope file ({type(exc).__name__}: {exc})") from None
 
 
 def _check_format(path: Path, found: Any, version: Any, expected: str) -> None:
@@ -59,6 +60,38 @@ def _check_format(path: Path, found: Any, version: Any, expected: str) -> None:
         raise RunFileError(
             f"{path}: format version {version!r} is newer than this kvscope reads ({FORMAT_VERSION}); upgrade kvscope"
         )
+
+
+_INT_META = (
+    "t0_ns",
+    "prefix_cache_queries_before",
+    "prefix_cache_hits_before",
+    "kv_bytes_per_token",
+    "kv_bytes_per_block",
+    "num_blocks",
+    "block_size",
+    "max_model_len",
+    "weights_bytes",
+    "kv_pool_bytes",
+    "num_steps_dropped",
+)
+
+
+def _checked_meta(meta: Any) -> dict[str, Any]:
+    """The run metadata, with the fields that are computed on checked for type (found by fuzzing)."""
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta is a {type(meta).__name__}, not an object")
+    for key in _INT_META:
+        value = meta.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"meta {key}={value!r} should be an integer")
+    texts = meta.get("texts")
+    if texts is not None and not (
+        isinstance(texts, dict)
+        and all(isinstance(t, dict) and all(isinstance(v, str) for v in t.values()) for t in texts.values())
+    ):
+        raise TypeError("meta texts should map request ids to {prompt, output} strings")
+    return meta
 
 
 def _read_metrics(path: Path, text: str) -> Loaded:
@@ -79,7 +112,7 @@ def _read_metrics(path: Path, text: str) -> Loaded:
         kind = obj.get("type") if isinstance(obj, dict) else None
         if i == 1:
             _check_format(path, obj.get("format"), obj.get("version"), METRICS_FORMAT)
-            meta = obj.get("meta") or {}
+            meta = _checked_meta(obj.get("meta") or {})
         elif kind == "step":
             records.append(step_from_dict(obj))
         elif kind == "event":
@@ -129,7 +162,7 @@ def _read_trace(path: Path, text: str) -> Loaded:
     _check_format(path, data.get("format"), data.get("version"), TRACE_FORMAT)
     records = [step_from_dict(d) for d in data.get("records", [])]
     events = [event_from_dict(d) for d in data.get("events", [])]
-    meta = data.get("meta") or {}
+    meta = _checked_meta(data.get("meta") or {})
     off = meta.get("t0_ns", 0) / 1000
     profiler = [
         {**e, "ts": e["ts"] + off} if "ts" in e else e

@@ -8,8 +8,9 @@ A step is a flat dict of its scalar fields plus ``scheduled`` (a list of
 
 from __future__ import annotations
 
+import types
 from dataclasses import fields
-from typing import Any
+from typing import Any, get_type_hints
 
 from .records import KVState, PageEntry, RequestEvent, ScheduledItem, StepRecord
 
@@ -18,6 +19,29 @@ _STEP_SCALARS = tuple(
 )
 _KV_FIELDS = tuple(f.name for f in fields(KVState))
 _EVENT_FIELDS = tuple(f.name for f in fields(RequestEvent))
+
+
+def _allowed_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Field name -> the JSON types it may hold (an ``int`` is fine for a ``float``; ``bool`` is no int)."""
+    out = {}
+    for name, hint in get_type_hints(cls).items():
+        parts = hint.__args__ if isinstance(hint, types.UnionType) else (hint,)
+        allowed = tuple(type(None) if p is None else p for p in parts)
+        out[name] = (*allowed, int) if float in allowed else allowed
+    return out
+
+
+_TYPES = {cls: _allowed_types(cls) for cls in (StepRecord, KVState, RequestEvent)}
+
+
+def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse values of the wrong JSON type before they become records (found by fuzzing the loader)."""
+    allowed = _TYPES[cls]
+    for name, value in values.items():
+        kinds = allowed.get(name)
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise TypeError(f"{name}={value!r} should be {' or '.join(k.__name__ for k in kinds)}")
+    return values
 
 
 def step_to_dict(record: StepRecord) -> dict[str, Any]:
@@ -35,15 +59,15 @@ def step_to_dict(record: StepRecord) -> dict[str, Any]:
 
 def step_from_dict(d: dict[str, Any]) -> StepRecord:
     try:
-        kwargs = {name: d[name] for name in _STEP_SCALARS}
+        kwargs = _checked(StepRecord, {name: d[name] for name in _STEP_SCALARS})
         kwargs["scheduled"] = [
             ScheduledItem(str(r), str(k), int(n), int(c), bool(s)) for r, k, n, c, s in d["scheduled"]
         ]
-        kwargs["kv"] = KVState(**{name: d["kv"][name] for name in _KV_FIELDS})
+        kwargs["kv"] = KVState(**_checked(KVState, {name: d["kv"][name] for name in _KV_FIELDS}))
         kwargs["page_map"] = {
             int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()
         }
-        kwargs["memory"] = dict(d.get("memory") or {})
+        kwargs["memory"] = {str(k): int(v) for k, v in (d.get("memory") or {}).items()}
         profile = d.get("profile")
         kwargs["profile"] = {str(k): int(v) for k, v in profile.items()} if profile is not None else None
     except (KeyError, TypeError, ValueError) as exc:
@@ -59,6 +83,6 @@ def event_to_dict(event: RequestEvent) -> dict[str, Any]:
 
 def event_from_dict(d: dict[str, Any]) -> RequestEvent:
     try:
-        return RequestEvent(**{name: d[name] for name in _EVENT_FIELDS if name in d})
-    except TypeError as exc:
+        return RequestEvent(**_checked(RequestEvent, {name: d[name] for name in _EVENT_FIELDS if name in d}))
+    except (TypeError, AttributeError) as exc:
         raise ValueError(f"request event is malformed ({exc})") from None

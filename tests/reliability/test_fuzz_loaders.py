@@ -1,0 +1,141 @@
+"""Fuzzing the two file readers users feed by hand: ``kvscope.load`` (traces, metrics) and the prompts
+file reader. Any input must either load or raise the documented ``ValueError`` - never another
+exception, never a silently partial run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvscope
+from kvscope import Engine, SamplingParams
+from kvscope.run import Run
+from kvscope.workload import read_prompts
+
+COUNTS = {"trace": 0, "prompts": 0}
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+class RunFiles(dict):
+    def __repr__(self) -> str:  # keep hypothesis' failure reports readable
+        return "<trace and metrics of a small run>"
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory) -> dict[str, bytes]:
+    engine = Engine("tiny", block_size=4, num_blocks=32)
+    engine.generate(["KV cache", "paged attention"], SamplingParams(max_tokens=5, ignore_eos=True))
+    run = Run.from_engine(engine)
+    folder = tmp_path_factory.mktemp("run")
+    run.save_trace(folder / "run.trace.json")
+    run.save_metrics(folder / "run.metrics.jsonl")
+    return RunFiles({name: (folder / name).read_bytes() for name in ("run.trace.json", "run.metrics.jsonl")})
+
+
+def _load(tmp_path: Path, name: str, data: bytes) -> Run | None:
+    COUNTS["trace"] += 1
+    path = tmp_path / name
+    path.write_bytes(data)
+    try:
+        run = kvscope.load(path)
+    except ValueError as exc:
+        assert str(path) in str(exc)  # names the file
+        return None
+    run.steps, run.requests, run.summary()  # what loaded must also be usable
+    return run
+
+
+@pytest.mark.parametrize("name", ["run.trace.json", "run.metrics.jsonl"])
+def test_valid_files_load(run_files, tmp_path, name):
+    run = _load(tmp_path, name, run_files[name])
+    assert run is not None and len(run.records) > 0 and len(run.events) > 0
+
+
+@FUZZ
+@given(data=st.data(), name=st.sampled_from(["run.trace.json", "run.metrics.jsonl"]))
+def test_truncated_files_are_refused(run_files, tmp_path, data, name):
+    full = run_files[name]
+    cut = data.draw(st.integers(0, len(full.rstrip()) - 1))
+    assert _load(tmp_path, name, full[:cut]) is None
+
+
+@FUZZ
+@given(data=st.data(), name=st.sampled_from(["run.trace.json", "run.metrics.jsonl"]))
+def test_corrupted_bytes_load_or_fail_cleanly(run_files, tmp_path, data, name):
+    raw = bytearray(run_files[name])
+    for _ in range(data.draw(st.integers(1, 5))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    _load(tmp_path, name, bytes(raw))
+
+
+@FUZZ
+@given(blob=st.binary(max_size=300))
+def test_random_bytes_fail_cleanly(tmp_path, blob):
+    _load(tmp_path, "x.json", blob)
+
+
+@FUZZ
+@given(value=json_values, data=st.data())
+def test_foreign_or_mangled_json_fails_cleanly(run_files, tmp_path, value, data):
+    _load(tmp_path, "foreign.json", json.dumps(value).encode())
+    # a kvscope trace with one field replaced by arbitrary JSON
+    doc = json.loads(run_files["run.trace.json"])
+    node = doc["kvscope"]
+    path = []
+    while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node))))
+        path.append(key)
+        node = node[key]
+    if path:
+        parent = doc["kvscope"]
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
+        _load(tmp_path, "mangled.json", json.dumps(doc).encode())
+
+
+def test_other_tools_traces_are_named_as_such(tmp_path):
+    chrome = {"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}
+    path = tmp_path / "chrome.json"
+    path.write_text(json.dumps(chrome))
+    with pytest.raises(ValueError, match=r"chrome\.json"):
+        kvscope.load(path)
+
+
+@FUZZ
+@given(blob=st.binary(max_size=200))
+def test_prompts_file_reader(tmp_path, blob):
+    COUNTS["prompts"] += 1
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(blob)
+    try:
+        prompts = read_prompts(path)
+    except ValueError as exc:
+        assert "prompts file" in str(exc)
+        return
+    assert prompts and all(p.strip() and "\n" not in p for p in prompts)
+
+
+def test_prompts_file_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "bad.txt").write_bytes(b"hello\n\xff\xfe world\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_prompts(tmp_path / "bad.txt")
+    (tmp_path / "blank.txt").write_text("\n   \n")
+    with pytest.raises(ValueError, match="has no prompts"):
+        read_prompts(tmp_path / "blank.txt")
+
+
+def test_fuzzers_ran_enough():
+    assert COUNTS["trace"] >= 400 and COUNTS["prompts"] >= 100, COUNTS
