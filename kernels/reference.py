@@ -13,16 +13,18 @@ Layout shared by every backend:
   sequence with ``q_len == 1``; a prefill chunk over a cached prefix is ``q_len > 1`` with
   ``seq_lens[b] > q_len``. Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
 
-``paged_attention`` is the fast CPU path: sequences whose queries are single tokens (decodes) are
-gathered into one padded batch and run through one ``scaled_dot_product_attention`` call; prefill
-chunks run one sequence at a time. ``paged_attention_naive`` is a per-sequence loop in float32 that
-spells out the math; tests use it as the oracle.
+``paged_attention`` is the fast CPU path (``torch_paged.py``): decodes sorted by length and batched in
+buckets, each one ``scaled_dot_product_attention`` over gathered pages; prefill chunks one sequence at
+a time. The engine builds that path's per-step plan once and reuses it in every layer; this function
+builds it per call. ``paged_attention_naive`` is a per-sequence loop in float32 that spells out the
+math; tests use it as the oracle.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from .torch_paged import build_plan, run_plan
 
 
 def store_kv(
@@ -42,67 +44,6 @@ def store_kv(
     slot_mapping = slot_mapping.long()  # index_copy_ wants int64; int32 mappings are fine too
     flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
     flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
-
-
-def gather_kv(
-    cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    block_table: torch.Tensor,  # [num_blocks_used] or [B, num_blocks_used]
-    length: int,
-) -> torch.Tensor:
-    """Read the first ``length`` positions of the pages in ``block_table`` as ``[..., Hkv, length, D]``."""
-    pages = cache[block_table]  # [..., nb, bs, Hkv, D]
-    flat = pages.flatten(-4, -3)[..., :length, :, :]  # [..., L, Hkv, D]
-    return flat.transpose(-3, -2)  # [..., Hkv, L, D]
-
-
-def _decode_attention(
-    query: torch.Tensor,  # [B, Hq, D], one query token per sequence
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [B, max_blocks]
-    seq_lens: torch.Tensor,  # [B]
-    max_seq_len: int,
-    scale: float,
-) -> torch.Tensor:
-    num_seqs, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    num_pages = -(-max_seq_len // block_size)
-    k = gather_kv(key_cache, block_tables[:, :num_pages], max_seq_len)  # [B, Hkv, L, D]
-    v = gather_kv(value_cache, block_tables[:, :num_pages], max_seq_len)
-    # GQA without repeating K/V: the G query heads of one KV head become G "query rows".
-    group = num_heads // num_kv_heads
-    q = query.view(num_seqs, num_kv_heads, group, head_dim)  # [B, Hkv, G, D]
-    positions = torch.arange(max_seq_len, device=query.device)
-    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
-    return out.reshape(num_seqs, num_heads, head_dim)
-
-
-def _prefill_attention(
-    query: torch.Tensor,  # [n, Hq, D] new tokens of one sequence
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,  # [max_blocks]
-    seq_len: int,
-    scale: float,
-) -> torch.Tensor:
-    n, num_heads, _ = query.shape
-    block_size = key_cache.shape[1]
-    k = gather_kv(key_cache, block_table[: -(-seq_len // block_size)], seq_len)  # [Hkv, L, D]
-    v = gather_kv(value_cache, block_table[: -(-seq_len // block_size)], seq_len)
-    q = query.transpose(0, 1)  # [Hq, n, D]
-    gqa = num_heads != k.shape[0]
-    if n == seq_len:  # no cached prefix: plain causal attention
-        out = F.scaled_dot_product_attention(
-            q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=gqa
-        )
-    else:  # query i sits at position seq_len - n + i
-        rows = torch.arange(n, device=query.device)[:, None] + (seq_len - n)
-        mask = torch.arange(seq_len, device=query.device)[None, :] <= rows  # [n, L]
-        out = F.scaled_dot_product_attention(
-            q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=gqa
-        )
-    return out.transpose(0, 1)  # [n, Hq, D]
 
 
 def paged_attention(
@@ -137,25 +78,10 @@ def paged_attention(
         num_decodes = 0
         while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
             num_decodes += 1
-    if num_decodes > 0:
-        out[:num_decodes] = _decode_attention(
-            query[:num_decodes],
-            key_cache,
-            value_cache,
-            block_tables[:num_decodes],
-            seq_lens[:num_decodes],
-            max(seq_lens_list[:num_decodes]),
-            scale,
-        )
-    start = num_decodes  # decodes own exactly one token each, so token index == sequence index
-    for b in range(num_decodes, len(query_lens)):
-        n = query_lens[b]
-        if n > 0:
-            out[start : start + n] = _prefill_attention(
-                query[start : start + n], key_cache, value_cache, block_tables[b], seq_lens_list[b], scale
-            )
-        start += n
-    return out
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    plan = build_plan(block_tables, query_lens, seq_lens_list, num_decodes, block_size,
+                      query.shape[1] // num_kv_heads, query.dtype, num_kv_heads * head_dim)
+    return run_plan(plan, query, key_cache, value_cache, scale, out)
 
 
 def paged_attention_naive(

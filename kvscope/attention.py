@@ -18,6 +18,7 @@ import torch
 from transformers import AttentionInterface
 
 from .kernels import KernelBackend
+from .kernels.torch_paged import AttentionPlan, run_plan
 
 ATTN_NAME = "kvscope"
 
@@ -36,6 +37,7 @@ class AttentionMetadata:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (key_cache, value_cache)
     backend: KernelBackend
     num_layer_calls: int = 0
+    plan: AttentionPlan | None = None  # the torch backend's per-step plan (built once, used by every layer)
 
 
 def kvscope_attention(
@@ -61,6 +63,12 @@ def kvscope_attention(
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
     key_cache, value_cache = meta.kv_caches[module.layer_idx]
+    if meta.plan is not None:  # the torch path, planned once per step; every slot is valid (>= 0)
+        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(key_cache.dtype))
+        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(value_cache.dtype))
+        out = run_plan(meta.plan, q, key_cache, value_cache, scaling, torch.empty_like(q), k, v)
+        return out.unsqueeze(0), None  # [1, T, Hq, D]
     meta.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
     out = meta.backend.paged_attention(
         q,

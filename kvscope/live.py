@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ class LiveRun(Run):
     thread, so a slow model load does not block the caller). ``workload`` is a list of ``WorkItem`` or
     a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
     between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
-    torch.profiler. ``dashboard=False`` runs without one (scripts, benchmarks).
+    torch.profiler (after one warm-up step). ``dashboard=False`` runs without one (scripts, benchmarks).
     """
 
     def __init__(
@@ -232,24 +233,25 @@ class LiveRun(Run):
             if self.step_delay:
                 self._stop.wait(self.step_delay)
 
-    def _start_profiler(self, engine: Engine):
-        if not self.profile_steps:
-            return None
-        from .telemetry.profiler import StepProfiler
-
-        return StepProfiler(engine, self.profile_steps).start()
+    def _start_profiler(self, engine: Engine) -> ExitStack:
+        """The profiling window (``engine.profile``, a context manager) as an ``ExitStack`` to close."""
+        stack = ExitStack()
+        if self.profile_steps:
+            stack.enter_context(engine.profile(num_steps=self.profile_steps))  # after one warm-up step
+        return stack
 
     def _finish(self, engine: Engine, profiler, unsubscribe) -> None:
         """Engine thread, last: stop profiling, adopt the recorder's snapshot, write the files."""
         if profiler is not None:
             try:
-                profiler.stop()
+                profiler.close()
             except Exception as exc:
                 self.files.errors["profile"] = f"{type(exc).__name__}: {exc}"
         if unsubscribe is not None:
             unsubscribe()
         records, events, meta, profiler_events = engine.recorder.snapshot()
         meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
+        meta["texts"] = self._texts(engine)
         self.records, self.events, self.profiler_events = records, events, profiler_events
         self.meta.update(meta)
         if self.files.wanted():
@@ -258,6 +260,17 @@ class LiveRun(Run):
             self.status = self.status.removesuffix(" · writing files")
             if self.files.errors:
                 self.status += " · could not write " + ", ".join(self.files.errors)
+
+    def _texts(self, engine: Engine) -> dict[str, dict[str, str | None]]:
+        """Prompt and output text per request, kept in ``meta`` so saved runs (and reports) have it."""
+        from .widgets.panels_table import MAX_TEXT
+
+        texts = {}
+        for request in self._requests:
+            output = engine.decode(request.output_token_ids)
+            texts[request.request_id] = {"prompt": request.prompt and request.prompt[:MAX_TEXT],
+                                         "output": output[:MAX_TEXT]}
+        return texts
 
     # ---- display -----------------------------------------------------------------------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:

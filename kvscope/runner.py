@@ -10,6 +10,7 @@ import torch
 from .attention import AttentionMetadata
 from .config import ModelSpec
 from .kernels import KernelBackend
+from .kernels.torch_paged import build_plan
 from .request import Request
 from .sampler import sample
 from .scheduler import SchedulerOutput
@@ -69,7 +70,11 @@ class ModelRunner:
         The per-request loop only gathers Python lists; positions, slots and offsets are computed with
         numpy over all tokens at once.
         """
-        order = sorted(range(len(sched.requests)), key=lambda i: sched.num_tokens[i] != 1)
+        # Decodes first, shortest context first (the torch path buckets them by length), then prefills.
+        order = sorted(
+            range(len(sched.requests)),
+            key=lambda i: (0, sched.requests[i].num_computed_tokens) if sched.num_tokens[i] == 1 else (1, 0),
+        )
         requests = [sched.requests[i] for i in order]
         query_lens = [sched.num_tokens[i] for i in order]
         starts = [r.num_computed_tokens for r in requests]
@@ -97,16 +102,24 @@ class ModelRunner:
         logits_indices = query_start_loc[1:][samples] - 1
 
         dev = self.device
+        seq_lens_list = seq_lens.tolist()
+        block_tables_t = torch.from_numpy(block_tables).to(dev)
+        plan = None
+        if self.backend.name == "torch":
+            spec = self.spec
+            plan = build_plan(block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
+                              spec.num_heads // spec.num_kv_heads, spec.dtype, spec.num_kv_heads * spec.head_dim)
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
-            block_tables=torch.from_numpy(block_tables).to(dev),
+            block_tables=block_tables_t,
             query_start_loc=torch.from_numpy(query_start_loc).to(dev, torch.int32),
             seq_lens=torch.from_numpy(seq_lens).to(dev, torch.int32),
             num_decodes=num_decodes,
             query_lens=query_lens,
-            seq_lens_list=seq_lens.tolist(),
+            seq_lens_list=seq_lens_list,
             kv_caches=self.kv_caches,
             backend=self.backend,
+            plan=plan,
         )
         return ModelInput(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],

@@ -16,7 +16,7 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos: bool = Fal
     attn = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        kwargs = {} if eos else {"eos_token_id": None, "pad_token_id": 0}
+        kwargs = {} if eos else {"eos_token_id": None}
         out = model.generate(
             torch.tensor([prompt_ids]),
             max_new_tokens=max_new_tokens,

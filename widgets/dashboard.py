@@ -4,14 +4,20 @@ Threading rules (jupyter_bokeh and ipykernel):
 
 - Only the dashboard's update thread changes the panels' Bokeh documents while a run is live. The
   engine thread never touches Bokeh: it only pushes records into the ``Feed`` (non-blocking).
-- The one other writer is jupyter_bokeh itself, which applies browser-side changes (a pan, a zoom)
-  on the kernel's shell thread; ``_LockedBokehModel`` makes that take the same lock as a tick, so
-  the documents are only ever changed by one thread at a time.
+- jupyter_bokeh would also apply browser-side changes on the kernel's shell thread (and re-applies
+  the kernel's own streams that the browser echoes back, duplicating rows); ``layout._OneWayBokehModel``
+  drops them, so no other thread ever writes the documents. The shell thread only reads them, under
+  the same lock as a tick, to re-send the whole state when the dashboard is displayed again.
 - Each tick is one batch: every document is held with ``hold("combine")`` while all panels update
-  and released after, so a tick sends one combined patch per source.
-- Ticks are throttled (``refresh_hz``, 5 Hz by default, 1-10 Hz from the control); time series
-  stream with ``rollover`` so memory stays bounded in the kernel and in the browser.
+  and released after (one combined event per source), and each widget sends the tick's events as
+  one message (``layout._OneWayBokehModel``).
+- Ticks are throttled (``refresh_hz``, 5 Hz by default, 1-10 Hz from the control) and paced to
+  the browser (``transport.Pacer``: a slow browser gets fewer ticks, not a growing backlog); time
+  series stream with ``rollover`` so memory stays bounded in the kernel and in the browser.
 - Figures are built once; updates are ``stream`` / ``patch`` / small property changes.
+- jupyter_bokeh sends updates as custom widget messages, which a browser drops until the widget's
+  view exists; after each display the whole state is re-sent now and then until every view has
+  confirmed it rendered (``transport.ViewReadiness``), so a slow page never keeps a broken plot.
 - Comm messages sent from a background thread reach the browser while the kernel is idle, and
   button clicks are delivered only while it is idle; that is why the magic returns at once.
 
@@ -19,26 +25,24 @@ At the end (``final`` tick) the widgets' synced state is refreshed from the docu
 notebook holds the finished dashboard with its data.
 
 ``headless=True`` builds the panels and runs the same update code with no widgets and no browser
-(for the overhead benchmark); with ``serialize=True`` it also serializes every document change the
-way jupyter_bokeh does before sending it, so the measured cost matches a live dashboard's.
+(for the overhead benchmark); with ``serialize=True`` it also builds the messages a live dashboard
+would send (``transport.SerializingSink``), so the measured cost matches a live dashboard's.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from bokeh.document import Document
-from bokeh.document.events import DocumentPatchedEvent
-from bokeh.protocol import Protocol as BokehProtocol
+from bokeh.models import CustomJS
 
 from .feed import Feed, Tick
-from .panels import DEFAULT_ROLLOVER, build_panels
+from .panels import DEFAULT_ROLLOVER, apply_tick, build_panels
 from .stats import LatencyStats
+from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink, ViewReadiness
 
-REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)
 _bokehjs_loaded = False
 
 
@@ -80,11 +84,13 @@ class Dashboard:
         refresh_hz: float = 5.0,
         headless: bool = False,
         serialize: bool = True,
+        extra_controls: list | None = None,
     ) -> None:
         self.feed = feed or Feed()
         self.control = control
         self.refresh_hz = refresh_hz
         self.headless = headless
+        self.extra_controls = extra_controls or []  # more widgets for the header (a replay's slider)
         self.stats = LatencyStats()
         self.panels = build_panels(self.stats, rollover, meta)
         self.panel = {p.name: p for p in self.panels}
@@ -92,13 +98,21 @@ class Dashboard:
         for panel in self.panels:
             doc = Document()
             doc.add_root(panel.model)
-            if headless and serialize:
-                doc.on_change(_serialize_like_jupyter_bokeh)
             self.docs.append(doc)
+        # What sends each document's events: the BokehModel widgets once built, or in headless mode
+        # sinks that serialize the same messages and drop them.
+        self._senders: list[PatchBatcher] = [SerializingSink(d) for d in self.docs] if headless and serialize else []
+        if not headless:  # the browser acknowledges each tick (transport.ACK_JS)
+            for panel in self.panels:
+                panel.model.js_on_change("tags", CustomJS(code=ACK_JS))
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
         self._widget = None
+        self._bokeh_models: list = []
+        self._displays = 0
+        self.views = ViewReadiness()
+        self.pacer = Pacer()
         self.num_ticks = 0
         self.finished = False
         self.error: BaseException | None = None  # an exception that ended the update thread
@@ -109,17 +123,24 @@ class Dashboard:
         with self._lock:
             tick = self.feed.poll(final)
             if tick or final:
-                for item in tick.ordered():
-                    self.stats.add(item)
+                for sender in self._senders:
+                    sender.begin_batch()
                 for doc in self.docs:
                     doc.hold("combine")
                 try:
-                    for panel in self.panels:
-                        panel.update(tick)
+                    apply_tick(self.panels, self.stats, tick)
+                    if self._bokeh_models:
+                        for panel in self.panels:
+                            panel.model.tags = [self.num_ticks + 1]  # acknowledged by the browser
                 finally:
                     for doc in self.docs:
                         doc.unhold()
+                    for sender in self._senders:
+                        sender.end_batch()
                 self.num_ticks += 1
+                self.pacer.sent()
+                if self.views.due():  # views not confirmed yet: patches may have been dropped
+                    self.sync_state()
             if final:
                 self.finished = True
                 self.sync_state()
@@ -137,9 +158,10 @@ class Dashboard:
         try:
             while not self._halt.is_set():
                 finished = done()  # read before polling, so the last tick sees every record
-                self.tick()
                 if finished:
                     break
+                if self.pacer.may_send(self.num_ticks, self.views, self._bokeh_models):
+                    self.tick()
                 self._halt.wait(1.0 / self.refresh_hz)
             self.tick(final=True)
         except BaseException as exc:  # shown in the status line; never kills the kernel
@@ -151,16 +173,18 @@ class Dashboard:
             self._thread.join(timeout)
 
     def close(self) -> None:
-        """Stop the update thread (the run goes on) and close the widgets."""
+        """Stop the update thread (the run goes on) and close this dashboard's widgets."""
         self._halt.set()
         self.join(5)
         if self._widget is not None:
-            self._widget.close_all()
+            from .layout import close_tree
+
+            close_tree(self._widget)
 
     def sync_state(self) -> None:
         """Re-send each figure whole as widget state (what a saved notebook keeps)."""
         with self._lock:
-            for model in getattr(self, "_bokeh_models", []):
+            for model in self._bokeh_models:
                 model.update_from_model(model._model)
 
     # ---- widgets ----------------------------------------------------------------------------------------
@@ -174,7 +198,9 @@ class Dashboard:
 
             ensure_bokehjs()
             with self._lock:
-                self._widget, self._bokeh_models, self._status = build_layout(self)
+                self._widget, self._bokeh_models, self._status = build_layout(self, self.views.mark)
+                self._senders = list(self._bokeh_models)
+                self.views.expect(self._bokeh_models)
             self._show_status()
         return self._widget
 
@@ -188,20 +214,31 @@ class Dashboard:
         self.refresh_hz = min(max(float(hz), 0.5), 10.0)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        """Each display makes new views, which render the widgets' state and then take patches: bring
+        that state up to date first, and re-send it until the new views confirm (``ViewReadiness``)."""
+        widget = self.widget
+        if self._displays:
+            with self._lock:
+                self.sync_state()
+                self.views.expect(self._bokeh_models)
+        self._displays += 1
+        return widget._repr_mimebundle_(include=include, exclude=exclude)
 
 
-def _serialize_like_jupyter_bokeh(event: Any) -> None:
-    if isinstance(event, DocumentPatchedEvent):
-        msg = BokehProtocol().create("PATCH-DOC", [event])
-        _ = (msg.header_json, msg.metadata_json, msg.content_json, [b.to_bytes() for b in msg.buffers])
+def attach_headless(engine, **options: Any) -> Callable[[], None]:
+    """Attach a headless dashboard to ``engine``'s recorder, ticking on its own thread as a live
+    one would (``serialize=True``: it also builds the widget messages); returns ``detach()``, which
+    runs the final tick and stops the thread. For the overhead benchmark."""
+    if engine.recorder is None:
+        raise ValueError("a dashboard needs an engine with telemetry=True")
+    dash = Dashboard(headless=True, **options)
+    unsubscribe = engine.recorder.subscribe(dash.feed.push)
+    finished = threading.Event()
+    dash.start(finished.is_set)
 
+    def detach() -> None:
+        unsubscribe()
+        finished.set()
+        dash.join()
 
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` seconds pass (for tests and --wait)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
+    return detach

@@ -3,29 +3,49 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 from jupyter_bokeh import BokehModel
 
+from .transport import PatchBatcher, parse_ack
+
 if TYPE_CHECKING:
     from .dashboard import Dashboard
 
+REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the control
 # Rows of panel names; a row with two panels puts them side by side.
 ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",))
 
 
-class _LockedBokehModel(BokehModel):
-    """A ``BokehModel`` that applies browser-side changes under the dashboard's lock, so that the
-    shell thread (which delivers them) and the update thread never change a document together."""
+class _OneWayBokehModel(PatchBatcher, BokehModel):
+    """A ``BokehModel`` whose documents only the kernel writes, sending one message per tick.
 
-    def __init__(self, model, lock, **kwargs: Any) -> None:
-        self._kvscope_lock = lock
-        super().__init__(model, **kwargs)
+    - Inbound: jupyter_bokeh 4.1 sends every change of the browser's copy of a document back to the
+      kernel, including the changes the kernel itself just sent: each ``stream`` comes back and,
+      applied again, would duplicate the streamed rows in the kernel (seen in JupyterLab: twice the
+      rows, steps out of order). Nothing in the kernel needs browser-side state (pan and zoom are the
+      browser's business), so inbound changes are dropped; only ``document_ready`` and the tick
+      acknowledgements of ``transport.ACK_JS`` are noted.
+    - Outbound: a tick's events go out as one PATCH-DOC message (``transport.PatchBatcher``).
+    """
+
+    def __init__(self, model, on_ready: Callable[[BokehModel], None]) -> None:
+        self._on_ready = on_ready
+        self.acked = -1  # the last tick the browser has applied (see transport.ACK_JS)
+        super().__init__(model)
 
     def _sync_model(self, model, content: dict[str, Any], buffers: list[Any]) -> None:
-        with self._kvscope_lock:
-            super()._sync_model(model, content, buffers)
+        data = content.get("msg_data")
+        if content.get("kind") != "MessageSent" or not isinstance(data, dict):
+            return  # a change of the browser's copy (or an echo of ours): not applied
+        if data.get("name") == "document_ready":
+            self._on_ready(self)
+        elif data.get("name") == "menu_item_click":
+            tick = parse_ack(data.get("values"))
+            if tick is not None:
+                self.acked = max(self.acked, tick)
 
 
 def show_status(dash: Dashboard) -> None:
@@ -52,16 +72,16 @@ def _status_html(dash: Dashboard) -> str:
 
 def _controls(dash: Dashboard) -> list[w.Widget]:
     control = dash.control
+    if control is None:  # a replay: no run to drive, nothing to refresh
+        return list(dash.extra_controls)
     refresh = w.Dropdown(
-        options=[(f"{hz:g} Hz", hz) for hz in (1.0, 2.0, 5.0, 10.0)],
-        value=dash.refresh_hz if dash.refresh_hz in (1.0, 2.0, 5.0, 10.0) else 5.0,
+        options=[(f"{hz:g} Hz", hz) for hz in REFRESH_CHOICES],
+        value=dash.refresh_hz if dash.refresh_hz in REFRESH_CHOICES else 5.0,
         description="refresh",
         layout=w.Layout(width="150px"),
         style={"description_width": "50px"},
     )
     refresh.observe(lambda change: dash.set_refresh(change["new"]), names="value")
-    if control is None:
-        return [refresh]
     live = not control.done
     stop = w.Button(description="Stop", icon="stop", button_style="danger", disabled=not live,
                     layout=w.Layout(width="90px"), tooltip="abort every request and end the run")
@@ -83,15 +103,23 @@ def _controls(dash: Dashboard) -> list[w.Widget]:
     stop.on_click(on_stop)
     pause.on_click(on_pause)
     dash._buttons = (stop, pause)
-    return [stop, pause, refresh]
+    return [stop, pause, refresh, *dash.extra_controls]
 
 
-def build_layout(dash: Dashboard) -> tuple[w.VBox, list[BokehModel], w.HTML]:
+def build_layout(dash: Dashboard, on_ready: Callable[[BokehModel], None]) -> tuple[w.VBox, list[BokehModel], w.HTML]:
     """(the whole layout, the BokehModels, the status line). Called under the dashboard's lock."""
-    models = {p.name: _LockedBokehModel(p.model, dash._lock) for p in dash.panels}
+    models = {p.name: _OneWayBokehModel(p.model, on_ready) for p in dash.panels}
     status = w.HTML(layout=w.Layout(margin="0 0 0 12px"))
     header = w.HBox([*_controls(dash), status], layout=w.Layout(align_items="center"))
-    rows = [w.HBox([models[name] for name in row]) for row in ROWS if all(n in models for n in row)]
-    box = w.VBox([header, *rows], layout=w.Layout(width="1040px"))
+    wrap = w.Layout(flex_flow="row wrap")  # side-by-side panels stack when the output area is narrow
+    rows = [w.HBox([models[name] for name in row], layout=wrap) for row in ROWS if all(n in models for n in row)]
+    box = w.VBox([header, *rows], layout=w.Layout(max_width="1040px"))
     box.add_class("kvscope-dashboard")
     return box, list(models.values()), status
+
+
+def close_tree(widget: w.Widget) -> None:
+    """Close a widget and everything inside it (not every widget of the kernel, as ``close_all``)."""
+    for child in getattr(widget, "children", ()):
+        close_tree(child)
+    widget.close()

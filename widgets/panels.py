@@ -65,3 +65,13 @@ def build_panels(
         LatencyPanel(stats, rollover),
         TimelinePanel(rollover, meta),
     ]
+
+
+def apply_tick(panels: list[Panel], stats: LatencyStats, tick: Tick) -> None:
+    """Feed ``stats`` first (panels read it), then every panel, in order."""
+    for item in tick.ordered():
+        stats.add(item)
+    if tick.final:
+        stats.flush()
+    for panel in panels:
+        panel.update(tick)

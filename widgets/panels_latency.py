@@ -28,7 +28,8 @@ def histogram(samples_s, bins: int = NUM_BINS) -> dict[str, list[float]]:
     """Histogram of samples in seconds, as quad columns in milliseconds."""
     if not samples_s:
         return {"left": [], "right": [], "count": []}
-    counts, edges = np.histogram(np.fromiter(samples_s, dtype=float) * 1e3, bins=bins)
+    values = np.fromiter(samples_s, dtype=float) * 1e3
+    counts, edges = np.histogram(values, bins=bins, range=(0.0, max(values.max(), 1e-3)))  # from 0: context
     return {"left": edges[:-1].tolist(), "right": edges[1:].tolist(), "count": counts.tolist()}
 
 
@@ -64,6 +65,7 @@ class LatencyPanel(Panel):
     def _histogram_figure(title: str, source: ColumnDataSource, color: str):
         fig = new_figure(title, width=250, height=HEIGHT, y_axis_label="count")
         fig.quad(left="left", right="right", bottom=0, top="count", source=source, color=color, alpha=0.8)
+        fig.xaxis.ticker.desired_num_ticks = 4  # a narrow plot: fewer, readable labels
         add_hover(fig, [("range", "@left{0.00}–@right{0.00} ms"), ("count", "@count")])
         return fig
 

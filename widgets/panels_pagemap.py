@@ -1,7 +1,12 @@
 """The KV page map: every block of the pool as a cell of a grid.
 
+Pools of more than ``MAX_CELLS`` blocks (a GPU's pool can hold hundreds of thousands) are drawn with
+one cell per run of ``group`` consecutive blocks, so the browser stays responsive: the cell takes the
+most-held state of its blocks (shared > used > cached > free), the owner of its first block in that
+state, and the tokens of all of them; its hover names the block range.
+
 Colour = the request that owns the block (``PageEntry.owner``), opacity = how full it is; shared
-blocks are hatched, cached-free blocks (no holder, still findable by the prefix cache) grey, free
+blocks are outlined, cached-free blocks (no holder, still findable by the prefix cache) grey, free
 blocks light. The grid is sent once, when the first record tells the pool size; after that only the
 cells that changed go out, with ``ColumnDataSource.patch``.
 
@@ -12,6 +17,7 @@ of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 from bokeh.models import Range1d
 
@@ -26,32 +32,45 @@ from .theme import (
     HEIGHT,
     OwnerColors,
     add_hover,
+    columns,
     empty_source,
     new_figure,
 )
 
-COLUMNS = ("x", "y", "block", "owner", "filled", "state", "refs", "color", "alpha", "hatch")
+COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "color", "alpha", "outline")
+PATCHED = ("owner", "filled", "state", "refs", "color", "alpha", "outline")
 MIN_ALPHA = 0.3
+MAX_CELLS = 8192
+STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
+SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
+NO_OUTLINE = "rgba(0,0,0,0)"
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
-    """(fill colour, fill alpha, hatch pattern) of one block."""
+    """(fill colour, fill alpha, outline colour) of one block. (No hatch patterns: BokehJS builds a
+    canvas per patterned cell on every repaint, which made the browser the live view's bottleneck.)"""
     if entry.state == "free" or (not entry.owner and entry.state != "cached"):
-        return FREE_COLOR, 1.0, " "
+        return FREE_COLOR, 1.0, NO_OUTLINE
     if entry.state == "cached":
-        return CACHED_COLOR, 0.8, " "
+        return CACHED_COLOR, 0.8, NO_OUTLINE
     fill = min(entry.filled / block_size, 1.0) if block_size else 1.0
-    return colors(entry.owner), MIN_ALPHA + (1 - MIN_ALPHA) * fill, "/" if entry.state == "shared" else " "
+    return colors(entry.owner), MIN_ALPHA + (1 - MIN_ALPHA) * fill, SHARED_OUTLINE if entry.state == "shared" else NO_OUTLINE
 
 
 CELL_STYLE_JS = f"""
 function cell_style(owner_color, filled, state, block_size) {{
-  if (state == "free" || (owner_color == null && state != "cached")) return ["{FREE_COLOR}", 1.0, " "];
-  if (state == "cached") return ["{CACHED_COLOR}", 0.8, " "];
+  if (state == "free" || (owner_color == null && state != "cached")) return ["{FREE_COLOR}", 1.0, "{NO_OUTLINE}"];
+  if (state == "cached") return ["{CACHED_COLOR}", 0.8, "{NO_OUTLINE}"];
   const fill = block_size ? Math.min(filled / block_size, 1.0) : 1.0;
-  return [owner_color, {MIN_ALPHA} + {1 - MIN_ALPHA} * fill, state == "shared" ? "/" : " "];
+  return [owner_color, {MIN_ALPHA} + {1 - MIN_ALPHA} * fill, state == "shared" ? "{SHARED_OUTLINE}" : "{NO_OUTLINE}"];
 }}
 """
+
+
+def merge_entries(entries: Sequence[PageEntry]) -> PageEntry:
+    """One cell's entry for a run of blocks (see the module docstring)."""
+    top = max(entries, key=lambda e: STATE_RANK.get(e.state, 0))  # the first block of the top state
+    return PageEntry(top.owner, sum(e.filled for e in entries), top.state, max(e.refs for e in entries))
 
 
 def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
@@ -64,19 +83,23 @@ class PageMapPanel(Panel):
     name = "page_map"
     title = "KV page map"
 
-    def __init__(self, width: int = HALF_WIDTH, height: int = HEIGHT) -> None:
+    def __init__(self, width: int = HALF_WIDTH, height: int = HEIGHT, max_cells: int | None = None) -> None:
         self.colors = OwnerColors()
         self.entries: list[PageEntry] = []
         self.block_size = 0
+        self.max_cells = max_cells or MAX_CELLS
+        self.group = 1  # blocks per cell
+        self.num_cells = 0
         self.step: int | None = None
         self.source = empty_source(*COLUMNS)
+        self.source.name = "page-map-cells"
         fig = new_figure(self.title, width=width, height=height, x_range=Range1d(-0.5, 0.5),
                          y_range=Range1d(0.5, -0.5))
         fig.rect("x", "y", width=0.92, height=0.92, source=self.source, fill_color="color", fill_alpha="alpha",
-                 hatch_pattern="hatch", hatch_color="#333333", hatch_alpha=0.5, hatch_scale=4, line_color=None)
+                 line_color="outline", line_width=2)
         fig.axis.visible = False
         fig.grid.visible = False
-        add_hover(fig, [("block", "@block"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
+        add_hover(fig, [("block", "@blocks"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
                         ("holders", "@refs")])
         self.figure = fig
         self.model = fig
@@ -88,17 +111,22 @@ class PageMapPanel(Panel):
     def _build_grid(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.entries = [FREE_PAGE] * num_blocks
+        self.group = math.ceil(num_blocks / self.max_cells)
+        self.num_cells = math.ceil(num_blocks / self.group)
         aspect = (self.figure.width - 40) / max(self.figure.height - 40, 1)
-        self.cols, rows = grid_shape(num_blocks, aspect)
+        self.cols, rows = grid_shape(self.num_cells, aspect)
         self.figure.x_range.update(start=-0.5, end=self.cols - 0.5)
         self.figure.y_range.update(start=rows - 0.5, end=-0.5)  # block 0 at the top left
 
-    def _cell(self, block: int) -> dict:
-        entry = self.entries[block]
-        color, alpha, hatch = cell_style(entry, self.block_size, self.colors)
-        return {"x": block % self.cols, "y": block // self.cols, "block": block, "owner": entry.owner,
+    def _cell(self, cell: int) -> dict:
+        g = self.group
+        first, last = cell * g, min((cell + 1) * g, len(self.entries)) - 1
+        entry = self.entries[first] if g == 1 else merge_entries(self.entries[first:last + 1])
+        color, alpha, outline = cell_style(entry, self.block_size * g, self.colors)
+        return {"x": cell % self.cols, "y": cell // self.cols, "block": first,
+                "blocks": str(first) if g == 1 else f"{first}–{last}", "owner": entry.owner,
                 "filled": entry.filled, "state": entry.state, "refs": entry.refs, "color": color,
-                "alpha": alpha, "hatch": hatch}
+                "alpha": alpha, "outline": outline}
 
     def apply(self, page_map: dict[int, PageEntry], changed: set[int]) -> None:
         """Fold one record's page map (a diff or a full snapshot) into ``entries``."""
@@ -120,9 +148,27 @@ class PageMapPanel(Panel):
             self.apply(record.page_map, changed)
         self.step = tick.steps[-1].step
         if fresh:  # the one full send of the grid
-            cells = [self._cell(b) for b in range(self.num_blocks)]
-            self.source.data = {c: [cell[c] for cell in cells] for c in COLUMNS}
+            self.source.data = columns([self._cell(c) for c in range(self.num_cells)], arrays=True)
         elif changed:
-            cells = [self._cell(b) for b in sorted(changed)]
-            self.source.patch({c: [(cell["block"], cell[c]) for cell in cells]
-                               for c in ("owner", "filled", "state", "refs", "color", "alpha", "hatch")})
+            self.source.patch(self._patches(sorted({b // self.group for b in changed})))
+
+    def show_entries(self, entries: list[PageEntry]) -> None:
+        """Show a whole map (a replayed step): patch the cells that differ from what is shown."""
+        if len(entries) != len(self.entries):
+            raise ValueError(f"the map has {len(entries)} blocks, the grid {len(self.entries)}")
+        self.entries = [PageEntry(*e) for e in entries]
+        patches = self._patches(range(self.num_cells))
+        if patches:
+            self.source.patch(patches)
+
+    def _patches(self, cells: Iterable[int]) -> dict[str, list[tuple[int, object]]]:
+        """Per column, only the cells whose value in that column changed (a decode usually changes
+        just one block's fill and shade, not its owner, state or colour)."""
+        data = self.source.data
+        patches: dict[str, list[tuple[int, object]]] = {c: [] for c in PATCHED}
+        for index in cells:
+            cell = self._cell(index)
+            for c in PATCHED:
+                if data[c][index] != cell[c]:
+                    patches[c].append((index, cell[c]))
+        return {c: p for c, p in patches.items() if p}

@@ -11,18 +11,26 @@ stretched to the newest step by ``patch`` each tick. Patch indices account for r
 
 from __future__ import annotations
 
-from bokeh.models import ColumnDataSource
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, Div
 
 from kvscope.telemetry.records import RequestEvent, StepRecord
 
 from .feed import Tick
 from .panels import Panel
-from .theme import FULL_WIDTH, STATE_COLORS, add_hover, empty_source, new_figure
+from .theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure
 
 COLUMNS = ("lane", "left", "right", "state", "request", "color")
 EVENT_STATES = {
     "queued": "waiting", "scheduled": "prefill", "first_token": "decode", "resumed": "prefill", "preempted": "preempted",
 }
+
+
+def _legend() -> Div:
+    """A fixed legend of the four states (a Bokeh legend of streamed, grouped data does not update)."""
+    swatch = "<span style='display:inline-block;width:11px;height:11px;margin:0 4px 0 12px;background:{}'></span>{}"
+    items = "".join(swatch.format(color, state) for state, color in STATE_COLORS.items())
+    return Div(text=f"<div style='font:11px sans-serif;color:#444'>{items}</div>", margin=(0, 0, 0, 40))
 
 
 class TimelinePanel(Panel):
@@ -37,17 +45,12 @@ class TimelinePanel(Panel):
         fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
                          x_axis_label="seconds since start", y_axis_label="request")
         fig.y_range.flipped = True
-        fig.hbar(y="lane", left="left", right="right", height=0.8, color="color", source=self.source)
-        for state, color in STATE_COLORS.items():  # a legend without data of its own
-            fig.hbar(y=[], left=[], right=[], color=color, legend_label=state)
-        fig.legend.orientation = "horizontal"
-        fig.legend.location = "top_right"
-        fig.legend.label_text_font_size = "10px"
+        bars = fig.hbar(y="lane", left="left", right="right", height=0.8, color="color", source=self.source)
         add_hover(fig, [("request", "@request"), ("state", "@state"),
                         ("from", "@left{0.000} s"), ("to", "@right{0.000} s")],
-                  renderers=[fig.renderers[0]])
+                  renderers=[bars])
         self.figure = fig
-        self.model = fig
+        self.model = column(_legend(), fig)
         self.t0_ns: int | None = None
         self._lanes: dict[str, int] = {}  # unfinished requests -> lane
         self._open: dict[str, tuple[int, str]] = {}  # unfinished requests -> (row, state) of its open bar
@@ -130,6 +133,6 @@ class TimelinePanel(Panel):
         self._patches = {}
         if self._pending:
             rows = self._pending
-            self.source.stream({c: [r[c] for r in rows] for c in COLUMNS}, rollover=self.rollover)
+            self.source.stream(columns(rows), rollover=self.rollover)
             self._rows_sent += len(rows)
             self._pending = []

@@ -31,6 +31,7 @@ class LatencyStats:
         self.rate_window_ns = int(rate_window_s * NS)
         self._queued_ns: dict[str, int] = {}  # only requests still waiting for their first token
         self._last_token_ns: dict[str, int] = {}  # only unfinished requests that have a token
+        self._done: list[str] = []  # finished, forgotten at the next record
         self._recent: deque[tuple[int, int, int]] = deque()  # (t_start, t_end, tokens) in the window
         self.num_requests = 0
         self.num_finished = 0
@@ -66,7 +67,7 @@ class LatencyStats:
         elif event.kind == "finished":
             self.num_finished += 1
             self._queued_ns.pop(rid, None)
-            self._last_token_ns.pop(rid, None)
+            self._done.append(rid)  # a step's "finished" comes before its record, whose token still counts
 
     def _add_step(self, step: StepRecord) -> None:
         if self.first_ns is None:
@@ -80,9 +81,16 @@ class LatencyStats:
             if last is not None:
                 self.itl.append((step.t_end_ns - last) / NS)
             self._last_token_ns[item.request_id] = step.t_end_ns
+        self.flush()
         self._recent.append((step.t_start_ns, step.t_end_ns, step.num_output_tokens))
         while self._recent and self._recent[0][1] < step.t_end_ns - self.rate_window_ns:
             self._recent.popleft()
+
+    def flush(self) -> None:
+        """Forget finished requests (after the record of their last step, or at the end)."""
+        for rid in self._done:
+            self._last_token_ns.pop(rid, None)
+        self._done.clear()
 
     def tokens_per_s(self) -> float:
         """Output tokens per second over the last ``rate_window_s`` of steps."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
@@ -27,7 +28,6 @@ PHASE_COLORS = {
     "sample": "#2ca02c",
     "update": "#e377c2",
 }
-BYTES_FORMAT = "0.0 ib"  # numbro: binary units (KiB, MiB, GiB)
 
 
 class OwnerColors:
@@ -82,7 +82,19 @@ def empty_source(*columns: str) -> ColumnDataSource:
     return ColumnDataSource({c: [] for c in columns})
 
 
+def columns(rows: list[dict], arrays: bool = False) -> dict[str, list | np.ndarray]:
+    """Rows to columns. ``arrays=True`` makes numeric columns numpy arrays, which Bokeh sends as
+    binary buffers: worth it for one big send (the page-map grid); a tick's few rows go as plain
+    lists (each buffer is two more widget messages)."""
+    out: dict[str, list | np.ndarray] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        numeric = arrays and isinstance(values[0], (int, float))
+        out[key] = np.asarray(values, dtype=float) if numeric else values
+    return out
+
+
 def stream_rows(source: ColumnDataSource, rows: list[dict], rollover: int | None) -> None:
     """Append rows (dicts with the source's columns) in one ``stream`` call."""
     if rows:
-        source.stream({k: [r[k] for r in rows] for k in rows[0]}, rollover=rollover)
+        source.stream(columns(rows), rollover=rollover)

@@ -44,6 +44,10 @@ STATE_COLOURS = {
 }
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> Path:
     """Write via a temp file in the same folder, flush + fsync, then ``os.replace``: readers see the old
     file or the whole new one, never a half-written one."""
@@ -51,6 +55,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the mode open() would
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             write(f)
             f.flush()

@@ -88,7 +88,8 @@ def _checked_meta(meta: Any) -> dict[str, Any]:
     texts = meta.get("texts")
     if texts is not None and not (
         isinstance(texts, dict)
-        and all(isinstance(t, dict) and all(isinstance(v, str) for v in t.values()) for t in texts.values())
+        and all(isinstance(t, dict) and all(v is None or isinstance(v, str) for v in t.values())
+                for t in texts.values())  # None: a token-id prompt (live.py writes it so)
     ):
         raise TypeError("meta texts should map request ids to {prompt, output} strings")
     return meta

@@ -1,0 +1,172 @@
+"""The three systems the throughput benchmark compares, each run over the same workload and model.
+
+- ``KvscopeSystem``: ``kvscope.Engine(model, ...)``, ``engine.generate(prompts, params)``; token times
+  from the engine's own telemetry (the end of the step that sampled each token).
+- ``hf_static``: ``model.generate`` on left-padded static batches of ``batch_size`` requests in
+  arrival order; each batch runs to its longest output and a request keeps its first ``max_tokens``
+  tokens. Token times from a streamer (one ``put`` per decoding step).
+- ``hf_continuous``: transformers' continuous batching (``init_continuous_batching``) with a
+  per-request ``max_new_tokens``; token times from its ``record_timestamps``.
+
+Every system sees all requests at ``t0`` (offline serving), so TTFT includes queueing.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+
+import torch
+from harness import PeakMemory, RunResult, latencies_from_times
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.streamers import BaseStreamer
+
+from kvscope import Engine
+from kvscope.config import cdiv
+from kvscope.telemetry.metrics import token_times
+from kvscope.workload import WorkItem
+
+
+def workload_blocks(items: Sequence[WorkItem], block_size: int) -> int:
+    """Pages needed to hold every request of the workload at its full length at once."""
+    return sum(cdiv(len(i.prompt) + i.params.max_tokens, block_size) for i in items)
+
+
+class KvscopeSystem:
+    """A fresh engine per run (built inside the memory measurement, outside the timing), so no run
+    finds the previous run's prompts in the prefix cache.
+
+    The KV pool holds the whole workload at once (no preemption, the same capacity HF's continuous
+    batching gets); ``max_model_len`` is the longest request, as HF's workload hints set it.
+    """
+
+    name = "kvscope"
+
+    def __init__(self, model: torch.nn.Module, items: Sequence[WorkItem], block_size: int = 16,
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64) -> None:
+        self.model = model
+        self.kwargs = dict(
+            block_size=block_size,
+            num_blocks=workload_blocks(items, block_size) + 1,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max(len(i.prompt) + i.params.max_tokens for i in items) + 1,
+        )
+        self.engine: Engine | None = None  # the last run's, kept for inspection
+
+    def run(self, items: Sequence[WorkItem]) -> RunResult:
+        self.engine = None  # free the previous pool before measuring
+        gc.collect()
+        with PeakMemory() as mem:
+            engine = self.engine = Engine(self.model, **self.kwargs)
+            t0 = time.perf_counter()
+            outs = engine.generate([i.prompt for i in items], [i.params for i in items])
+            wall = time.perf_counter() - t0
+        times = token_times(engine.recorder.steps)
+        result = RunResult(self.name, [o.token_ids for o in outs], wall, peak_mem_bytes=mem.delta,
+                           note=f"block {self.kwargs['block_size']}, {self.kwargs['num_blocks']} blocks, "
+                                f"{self.kwargs['max_num_batched_tokens']} tokens/step")
+        latencies_from_times(t0, [[t / 1e9 for t in times[o.request_id]] for o in outs], result)
+        return result
+
+
+class _StepClock(BaseStreamer):
+    """A streamer that only notes when each decoding step hands back its tokens."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:  # generate first puts the prompt
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _pad_id(model: torch.nn.Module) -> int:
+    pad = model.config.pad_token_id
+    if pad is None:
+        eos = model.config.eos_token_id
+        pad = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return int(pad) if pad is not None else 0
+
+
+def hf_static(model: torch.nn.Module, items: Sequence[WorkItem], batch_size: int) -> RunResult:
+    """``generate`` over left-padded batches of ``batch_size`` requests, in arrival order."""
+    model.set_attn_implementation("sdpa")
+    pad = _pad_id(model)
+    tokens: list[list[int]] = []
+    times: list[list[float]] = []
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        for start in range(0, len(items), batch_size):
+            batch = items[start : start + batch_size]
+            width = max(len(i.prompt) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [b, width]
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, item in enumerate(batch):
+                ids[row, width - len(item.prompt) :] = torch.tensor(item.prompt)
+                mask[row, width - len(item.prompt) :] = 1
+            clock = _StepClock()
+            out = model.generate(  # [b, width + longest output]
+                input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad, eos_token_id=None,
+                max_new_tokens=max(i.params.max_tokens for i in batch), streamer=clock,
+            )
+            for row, item in enumerate(batch):
+                n = item.params.max_tokens
+                tokens.append(out[row, width : width + n].tolist())
+                times.append(clock.times[:n])
+        wall = time.perf_counter() - t0
+    result = RunResult(f"hf-static[bs={batch_size}]", tokens, wall, peak_mem_bytes=mem.delta,
+                       note=f"left-padded batches of {batch_size}, arrival order")
+    latencies_from_times(t0, times, result)
+    return result
+
+
+def hf_continuous(model: torch.nn.Module, items: Sequence[WorkItem], max_batch_tokens: int,
+                  block_size: int = 16, max_requests: int = 64) -> RunResult:
+    """transformers' continuous batching, sized like kvscope: pages of ``block_size`` tokens, enough
+    of them for the whole workload at once, at most ``max_batch_tokens`` tokens and ``max_requests``
+    requests per step; no CUDA graphs or async batching (CPU), EOS disabled (-1)."""
+    model.set_attn_implementation("sdpa")
+    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=_pad_id(model),
+                           max_new_tokens=max(i.params.max_tokens for i in items))
+    cb = ContinuousBatchingConfig(
+        page_size=block_size, num_blocks=workload_blocks(items, block_size) + 1,
+        max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests,
+        use_cuda_graph=False, use_async_batching=False,
+    )
+    with PeakMemory() as mem:
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        manager.start()
+        try:
+            t0 = time.perf_counter()
+            for k, item in enumerate(items):
+                manager.add_request(item.prompt, request_id=f"r{k}", max_new_tokens=item.params.max_tokens,
+                                    eos_token_id=-1, record_timestamps=True)
+            results = {}
+            while len(results) < len(items):
+                out = manager.get_result(timeout=1)
+                if out is not None and out.is_finished():
+                    results[out.request_id] = out
+                elif out is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching stopped before finishing the workload")
+            wall = time.perf_counter() - t0
+        finally:
+            manager.stop(block=True)
+            manager.destroy()
+    ordered = [results[f"r{k}"] for k in range(len(items))]
+    failed = [o.request_id for o in ordered if o.error]
+    if failed:
+        raise RuntimeError(f"transformers' continuous batching failed requests {failed}: {ordered[0].error}")
+    result = RunResult(f"hf-continuous[{max_batch_tokens} tok]", [list(o.generated_tokens) for o in ordered],
+                       wall, peak_mem_bytes=mem.delta,
+                       note=f"pages of {block_size}, {max_batch_tokens} tokens/step, sdpa")
+    latencies_from_times(t0, [list(o.timestamps or []) for o in ordered], result)
+    return result

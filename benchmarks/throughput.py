@@ -1,0 +1,172 @@
+"""kvscope against transformers, side by side: one model, one seeded workload, one process.
+
+    python benchmarks/throughput.py              # ~56M-param random Llama, 48 requests, 3 rounds
+    python benchmarks/throughput.py --quick      # a tiny model and workload (the smoke test runs this)
+    python benchmarks/throughput.py --model smollm2 --threads 1 --json out.json
+
+Systems: kvscope (``Engine.generate``); transformers ``generate`` on left-padded static batches, at
+the best of ``--hf-batch-sizes`` (picked in round 1); transformers continuous batching at the best of
+``--hf-cb-batch-tokens``. Round 1 runs every candidate; later rounds run kvscope and the two winners,
+in a rotating order, so drift of a shared machine hits all of them. Figures are medians over rounds;
+the ratios at the end are medians of per-round ratios (each round's systems ran back to back).
+Every system must produce the same greedy tokens; differences are counted and checked for
+near-ties (see ``agreement.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import agreement  # a sibling module: this script's folder is on sys.path
+import torch
+from harness import (
+    MEMORY_METRIC,
+    RunResult,
+    build_model,
+    fmt_mib,
+    fmt_ms,
+    machine_line,
+    make_workload,
+    median,
+    passive_omp,
+    pct,
+    table,
+)
+from systems import KvscopeSystem, hf_continuous, hf_static
+
+from kvscope import SamplingParams
+from kvscope.workload import WorkItem, parse_range
+
+QUICK = dict(model="llama-quick", requests=8, prompt_len="8-48", output_len="4-16", rounds=2,
+             hf_batch_sizes="4,8", hf_cb_batch_tokens="64")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-60m", help="llama-60m (default), llama-quick, tiny, smollm2, a folder")
+    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--prompt-len", default="16-256", help="uniform range LO-HI (tokens)")
+    p.add_argument("--output-len", default="8-128", help="uniform range LO-HI (tokens, EOS ignored)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3, help="repeats of every system, interleaved")
+    p.add_argument("--hf-batch-sizes", default="8,16,48", help="static batch sizes to try for HF generate")
+    p.add_argument("--hf-cb-batch-tokens", default="256", help="max_batch_tokens to try for HF continuous batching")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
+    p.add_argument("--quick", action="store_true", help="tiny model and workload: " + str(QUICK))
+    args = p.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def _summary_row(runs: list[RunResult], rounds_run: int) -> list[str]:
+    """Median tok/s over runs; latencies and memory of the run with the median throughput."""
+    ordered = sorted(runs, key=lambda r: r.tokens_per_s)
+    mid = ordered[len(ordered) // 2]
+    return [
+        mid.name, f"{median([r.tokens_per_s for r in runs]):.1f}",
+        " ".join(f"{r.tokens_per_s:.0f}" for r in runs), f"{median([r.wall_s for r in runs]):.1f}",
+        f"{fmt_ms(pct(mid.ttft_s, 50))} / {fmt_ms(pct(mid.ttft_s, 99))}",
+        f"{fmt_ms(pct(mid.tpot_s, 50))} / {fmt_ms(pct(mid.tpot_s, 99))}",
+        f"{fmt_ms(pct(mid.itl_s, 50))} / {fmt_ms(pct(mid.itl_s, 99))}",
+        fmt_mib(max(r.peak_mem_bytes or 0 for r in runs)), f"{len(runs)}/{rounds_run}",
+    ]
+
+
+def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[WorkItem]) -> dict[str, list[RunResult]]:
+    kv = KvscopeSystem(model, items, args.block_size, args.max_num_batched_tokens)
+    static = {bs: (lambda bs=bs: hf_static(model, items, bs)) for bs in _ints(args.hf_batch_sizes)}
+    cont = {m: (lambda m=m: hf_continuous(model, items, m, args.block_size)) for m in _ints(args.hf_cb_batch_tokens)}
+    # Warm-up (untimed): one short request through each system builds the engine and fills caches.
+    warm = [WorkItem(items[0].prompt[:16], SamplingParams(max_tokens=4, ignore_eos=True))]
+    kv.run(warm)
+    hf_static(model, warm, 1)
+    hf_continuous(model, warm, min(cont), args.block_size)
+
+    runs: dict[str, list[RunResult]] = {}
+    def record(result: RunResult) -> RunResult:
+        runs.setdefault(result.name, []).append(result)
+        print(f"  {result.name:<24} {result.tokens_per_s:7.1f} tok/s  {result.wall_s:6.1f} s", flush=True)
+        return result
+
+    print("round 1 (every candidate)", flush=True)
+    record(kv.run(items))
+    best_static = max(static, key=lambda bs: record(static[bs]()).tokens_per_s)
+    best_cont = max(cont, key=lambda m: record(cont[m]()).tokens_per_s)
+    order: list[Callable[[], RunResult]] = [lambda: kv.run(items), static[best_static], cont[best_cont]]
+    for r in range(1, args.rounds):
+        print(f"round {r + 1}", flush=True)
+        for k in range(len(order)):
+            record(order[(k + r) % len(order)]())
+    runs["_winners"] = [runs["kvscope"][0], runs[f"hf-static[bs={best_static}]"][0],
+                        runs[f"hf-continuous[{best_cont} tok]"][0]]
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    passive_omp()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, desc = build_model(args.model, args.seed)
+    items = make_workload(model, args.requests, parse_range(args.prompt_len), parse_range(args.output_len), args.seed)
+    n_out = sum(i.params.max_tokens for i in items)
+    n_prompt = sum(len(i.prompt) for i in items)
+    print(f"model: {desc}")
+    print(f"workload: {len(items)} requests, prompts {args.prompt_len} ({n_prompt} tokens), outputs "
+          f"{args.output_len} ({n_out} tokens), greedy, EOS ignored, seed {args.seed}")
+    print(f"machine: {machine_line()}")
+    with torch.inference_mode():
+        runs = run_rounds(args, model, items)
+    winners = runs.pop("_winners")
+    kv_first, static_name, cont_name = winners[0], winners[1].name, winners[2].name
+
+    print("\nagreement (round 1 outputs, greedy tokens per request):")
+    agreements = [agreement.compare(kv_first, runs[name][0]) for name in runs if name != "kvscope"]
+    for a in agreements:
+        agreement.analyse(model, items, kv_first, a)
+    stable = all(r.tokens == kv_first.tokens for r in runs["kvscope"])
+    for line in agreement.report(agreements):
+        print(line)
+    print(f"kvscope identical across its {len(runs['kvscope'])} runs: {stable}")
+
+    headers = ["system", "tok/s (median)", "tok/s per run", "wall s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
+               "ITL p50/p99 ms", "peak MiB", "runs"]
+    print(f"\nthroughput (output tokens / wall time; peak MiB = {MEMORY_METRIC}; kvscope's includes building"
+          " its KV pool)")
+    print(table(headers, [_summary_row(rs, args.rounds) for rs in runs.values()]))
+
+    ratios = {}
+    for peer in (static_name, cont_name):
+        paired = [a.tokens_per_s / b.tokens_per_s for a, b in zip(runs["kvscope"], runs[peer])]
+        ratios[peer] = (median(paired), paired)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "model": desc, "machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
+            "runs": {name: [dict(tok_s=r.tokens_per_s, wall_s=r.wall_s, ttft_p50=pct(r.ttft_s, 50),
+                                 tpot_p50=pct(r.tpot_s, 50), itl_p99=pct(r.itl_s, 99), peak_mem=r.peak_mem_bytes)
+                            for r in rs] for name, rs in runs.items()},
+            "agreement": [a.line() for a in agreements],
+            "ratios": {k: {"median": v[0], "per_round": v[1]} for k, v in ratios.items()},
+        }, indent=1))
+    print("\nratios (kvscope / peer, output tokens per second; median of per-round ratios):")
+    for peer, (mid, paired) in ratios.items():
+        print(f"RATIO kvscope/{peer} = {mid:.2f}x  (per round: {' '.join(f'{x:.2f}' for x in paired)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

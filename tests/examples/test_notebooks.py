@@ -1,0 +1,65 @@
+"""Every teaching notebook in examples/ runs headless, top to bottom, on a real Jupyter kernel.
+
+The kernel is the ``python3`` kernel of *this* interpreter: jupyter_client starts a kernel spec whose
+command is ``python`` with ``sys.executable`` (the venv's python, with this ipykernel and this kvscope),
+so nothing has to be registered with ``ipykernel install``. A cell prepended to each notebook (in memory
+only) checks that. Any error, including a failed assertion cell, fails the test; the notebooks are
+executed in a temporary folder so the files they write (traces) do not land in examples/.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
+PER_NOTEBOOK_TIMEOUT_S = 600
+
+
+def test_the_six_teaching_notebooks_exist_without_outputs():
+    names = [p.stem for p in NOTEBOOKS]
+    for prefix in ("01_kv_cache_basics", "02_paged_vs_static", "03_continuous_batching", "04_prefix_caching",
+                   "05_profile_a_model", "06_common_misconceptions"):
+        assert prefix in names, prefix
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: commit it without outputs"
+        assert any(c.source.lstrip().startswith("assert") or "\nassert " in c.source for c in code), \
+            f"{path.name}: needs an assertion cell checking a number it teaches"
+        assert sum(c.cell_type == "markdown" for c in nb.cells) >= 3, f"{path.name}: needs prose"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S + 60)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
+                       ("TOKENIZERS_PARALLELISM", "false")):
+        monkeypatch.setenv(key, value)  # the kernel inherits this environment
+    nb = nbformat.read(path, as_version=4)
+    probe = nbformat.v4.new_code_cell(
+        "import os, sys\n"
+        f"assert os.path.realpath(sys.executable) == {os.path.realpath(sys.executable)!r}, sys.executable"
+    )
+    nb.cells.insert(0, probe)
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=PER_NOTEBOOK_TIMEOUT_S,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        pytest.fail(f"{path.name}: a cell failed:\n{str(exc)[-3000:]}", pytrace=False)
+    elapsed = time.perf_counter() - start
+    print(f"{path.name}: executed in {elapsed:.1f} s", file=sys.stderr)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors

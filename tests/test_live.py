@@ -1,0 +1,151 @@
+"""LiveRun: the engine in a background thread; stop, pause, failures, interrupts, files at the end."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import kvscope
+from kvscope import Engine, SamplingParams
+from kvscope.live import LiveRun, Outputs
+from kvscope.workload import WorkItem, synthetic_workload
+
+torch.set_num_threads(1)  # a shared 2-core machine: no spinning intra-op threads
+pytestmark = pytest.mark.timeout(120)
+
+
+def _engine(**kwargs) -> Engine:
+    return Engine("tiny", num_blocks=kwargs.pop("num_blocks", 64), **kwargs)
+
+
+def _items(n: int = 6, out: tuple[int, int] = (8, 12)) -> list[WorkItem]:
+    return synthetic_workload(n, (8, 24), out, vocab_size=512, exclude_ids=[0, 1, 2], seed=3)
+
+
+def test_runs_in_the_background_and_finishes(tmp_path):
+    files = Outputs(trace=tmp_path / "run.json", metrics=tmp_path / "run.jsonl", html=tmp_path / "run.html")
+    run = LiveRun(_engine(), _items(), outputs=files, step_delay=0.01, dashboard=False)
+    started = time.monotonic()
+    run.start()
+    assert time.monotonic() - started < 1.0 and not run.done  # start() does not wait for the run
+    assert run.wait(timeout=60) is run
+    assert run.status == "finished" and run.error is None
+    outputs = run.outputs
+    assert [o.request_id for o in outputs] == [f"{r.request_id}" for r in run._requests]
+    assert all(o.finish_reason == "length" and len(o.token_ids) >= 8 for o in outputs)
+    assert len(run.requests) == 6 and len(run.steps) == run.step > 0
+    assert set(run.files.written) == {"trace", "metrics", "html"} and not run.files.errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.html", "run.json", "run.jsonl"]  # no temp files left
+    back = kvscope.load(tmp_path / "run.json")
+    assert len(back.records) == len(run.records) and back.meta["texts"].keys() == {o.request_id for o in outputs}
+
+
+def test_step_and_request_frames_grow_while_running():
+    run = LiveRun(_engine(), _items(4, (30, 30)), step_delay=0.02, dashboard=False).start()
+    seen = []
+    while not run.done and len(seen) < 50:
+        seen.append(len(run.steps))
+        time.sleep(0.05)
+    run.wait(timeout=60)
+    assert len(set(seen)) > 3, seen  # the DataFrame was rebuilt as records arrived
+    assert len(run.steps) == run.step
+
+
+def test_stop_aborts_everything_and_still_writes_files(tmp_path):
+    files = Outputs(metrics=tmp_path / "m.jsonl")
+    run = LiveRun(_engine(), _items(4, (500, 500)), outputs=files, step_delay=0.01, dashboard=False).start()
+    while run.step < 5:
+        time.sleep(0.01)
+    run.stop()
+    run.wait(timeout=30)
+    assert run.status == "stopped"
+    assert {o.finish_reason for o in run.outputs} == {"abort"}
+    assert all(len(o.token_ids) < 500 for o in run.outputs)
+    finished = [e for e in run.events if e.kind == "finished"]
+    assert len(finished) == 4
+    assert (tmp_path / "m.jsonl").exists()
+
+
+def test_pause_holds_the_engine_between_steps():
+    run = LiveRun(_engine(), _items(3, (200, 200)), step_delay=0.005, dashboard=False).start()
+    while run.step < 3:
+        time.sleep(0.01)
+    run.pause()
+    time.sleep(0.2)
+    held = run.step
+    time.sleep(0.3)
+    assert run.step == held and run.paused and run.status == "paused"
+    run.resume()
+    time.sleep(0.2)
+    assert run.step > held
+    run.stop()
+    run.wait(timeout=30)
+
+
+def test_a_bad_request_fails_the_run_with_the_reason():
+    items = [*_items(2), WorkItem([600, 601], SamplingParams(max_tokens=2))]  # outside the 512-token vocabulary
+    run = LiveRun(_engine(), items, dashboard=False).start()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        run.wait(timeout=30)
+    assert run.status.startswith("failed: ValueError")
+
+
+def test_an_engine_error_mid_run_aborts_the_rest(monkeypatch):
+    engine = _engine()
+    real_step, calls = engine.step, []
+
+    def flaky_step():
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("device fell off the bus")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", flaky_step)
+    run = LiveRun(engine, _items(3, (50, 50)), dashboard=False).start()
+    with pytest.raises(RuntimeError, match="fell off the bus"):
+        run.wait(timeout=30)
+    assert not engine.has_unfinished_requests()
+    assert {o.finish_reason for o in run.outputs} == {"abort"}
+
+
+def test_keyboard_interrupt_while_waiting_stops_the_run():
+    run = LiveRun(_engine(), _items(3, (500, 500)), step_delay=0.01, dashboard=False).start()
+    real_wait, calls = run._done.wait, []
+
+    def interrupted(timeout=None):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_wait(timeout)
+
+    run._done.wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run.wait()
+    assert run.done and run.status == "stopped"
+
+
+def test_wait_timeout_and_file_errors(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    files = Outputs(html=blocker / "run.html")
+    run = LiveRun(_engine(), _items(2, (200, 200)), outputs=files, step_delay=0.01, dashboard=False).start()
+    with pytest.raises(TimeoutError, match="still going"):
+        run.wait(timeout=0.05)
+    run.stop()
+    run.wait(timeout=30)
+    assert "html" in run.files.errors and "could not write html" in run.status
+
+
+def test_engine_factory_runs_on_the_run_thread():
+    threads = []
+
+    def make():
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return _engine()
+
+    run = LiveRun(make, lambda engine: _items(2), dashboard=False).start().wait(timeout=60)
+    assert threads == ["kvscope-run"] and len(run.workload) == 2 and run.status == "finished"

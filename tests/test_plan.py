@@ -1,0 +1,136 @@
+"""The capacity planner's arithmetic (kvscope/plan.py), checked against hand calculations and the engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kvscope.config import GiB, ModelSpec, parse_bytes
+from kvscope.plan import (
+    KNOWN_MODELS,
+    ModelShape,
+    fmt_bytes,
+    known_shape,
+    make_plan,
+    render,
+    shape_from_config,
+)
+
+LLAMA7B = ModelShape("llama-7b-shaped", num_layers=32, num_kv_heads=32, head_dim=128)
+
+
+def test_course_worked_example():
+    """7B Llama, fp16, 40 GB GPU, 14 GB weights, 4 GB reserve, max 2048, avg 512 (binary GB)."""
+    p = make_plan(LLAMA7B, dtype="fp16", gpu_mem=parse_bytes("40GB"), weights=parse_bytes("14GB"),
+                  reserve=parse_bytes("4GB"), max_len=2048, avg_len=512, block_size=16)
+    assert p.kv_bytes_per_token == 512 * 1024 == 2 * 32 * 32 * 128 * 2
+    assert p.kv_budget == 22 * GiB
+    assert p.static_bytes_per_request == 1 * GiB
+    assert p.static_max_requests == 22
+    assert p.blocks_per_request == 32  # 512 / 16, no rounding needed
+    assert p.paged_bytes_per_request == 256 * 1024**2
+    assert p.paged_max_requests == 88
+    assert p.ratio == 4.0
+    assert p.static_waste == 0.75 and p.paged_waste == 0.0
+
+
+@pytest.mark.parametrize("avg_len, block_size", [(500, 16), (513, 16), (100, 32), (1, 256), (2048, 1)])
+def test_paged_figure_rounds_to_whole_blocks(avg_len, block_size):
+    p = make_plan(LLAMA7B, gpu_mem=40 * GiB, weights=14 * GiB, reserve=4 * GiB, avg_len=avg_len,
+                  block_size=block_size)
+    blocks = math.ceil(avg_len / block_size)
+    assert p.blocks_per_request == blocks
+    per_request = blocks * block_size * p.kv_bytes_per_token
+    assert p.paged_max_requests == (22 * GiB) // per_request
+    # and the number is really the largest that fits, in whole blocks
+    assert p.paged_max_requests * blocks <= p.kv_budget_blocks < (p.paged_max_requests + 1) * blocks
+    assert 0 <= p.paged_waste < 1 and p.paged_waste == pytest.approx(1 - avg_len / (blocks * block_size))
+
+
+def test_block_rounding_costs_concurrency():
+    """513 tokens need 33 blocks of 16, so fewer requests fit than at 512 tokens."""
+    kw = dict(gpu_mem=40 * GiB, weights=14 * GiB, reserve=4 * GiB)
+    assert make_plan(LLAMA7B, avg_len=512, **kw).paged_max_requests == 88
+    assert make_plan(LLAMA7B, avg_len=513, **kw).paged_max_requests == 2816 // 33 == 85
+
+
+def test_gqa_and_dtype_shrink_the_cache():
+    llama70 = known_shape("llama-70b")
+    assert make_plan(llama70).kv_bytes_per_token == 2 * 80 * 8 * 128 * 2  # 320 KiB, GQA with 8 KV heads
+    assert make_plan(LLAMA7B, dtype="fp32").kv_bytes_per_token == 1024 * 1024
+    assert make_plan(LLAMA7B, dtype="fp8").kv_bytes_per_token == 256 * 1024
+
+
+def test_weights_from_known_params():
+    p = make_plan(known_shape("llama-7b"), gpu_mem=40 * GiB, reserve=4 * GiB)
+    assert p.weights == 6_738_415_616 * 2
+    assert p.kv_budget == 40 * GiB - p.weights - 4 * GiB
+    assert "params" in p.weights_source
+
+
+def test_planner_matches_engine_spec_for_embedded_models():
+    """The known shape of 'tiny' and 'smollm2' gives the engine's own bytes per token (fp32 on the CPU)."""
+    import torch
+
+    from kvscope.models import tiny_config
+
+    spec = ModelSpec.from_hf_config(tiny_config(), dtype=torch.float32)
+    assert make_plan(known_shape("tiny"), dtype="fp32").kv_bytes_per_token == spec.kv_bytes_per_token
+    smol = known_shape("smollm2")
+    assert (smol.num_layers, smol.num_kv_heads, smol.head_dim) == (30, 3, 64)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="avg-len"):
+        make_plan(LLAMA7B, max_len=512, avg_len=1024)
+    with pytest.raises(ValueError, match="nothing is left for the KV cache"):
+        make_plan(LLAMA7B, gpu_mem=16 * GiB, weights=14 * GiB, reserve=4 * GiB)
+    with pytest.raises(ValueError, match="--weights"):
+        make_plan(ModelShape("x", 2, 2, 2), gpu_mem=GiB)
+    with pytest.raises(ValueError, match="dtype"):
+        make_plan(LLAMA7B, dtype="int3")
+
+
+def test_no_static_request_fits():
+    p = make_plan(LLAMA7B, gpu_mem=2 * GiB, weights=0, max_len=4096, avg_len=512)
+    assert p.static_max_requests == 1 and p.paged_max_requests == 8
+    p = make_plan(LLAMA7B, gpu_mem=GiB, weights=0, max_len=4096, avg_len=512)
+    assert p.static_max_requests == 0 and p.ratio is None
+    assert "not even one" in render(p)
+
+
+def test_shape_from_config_folder(tmp_path):
+    cfg = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+           "max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # a safetensors file whose header declares two tensors: 10x20 and 5 elements
+    header = json.dumps({"a": {"dtype": "F16", "shape": [10, 20], "data_offsets": [0, 400]},
+                         "b": {"dtype": "F16", "shape": [5], "data_offsets": [400, 410]},
+                         "__metadata__": {"format": "pt"}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 410)
+    shape = shape_from_config(tmp_path)
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (28, 4, 128)
+    assert shape.num_params == 205
+    assert make_plan(shape).kv_bytes_per_token == make_plan(known_shape("qwen2.5-7b")).kv_bytes_per_token
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        shape_from_config(tmp_path)
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        shape_from_config(tmp_path / "missing")
+
+
+def test_fmt_bytes():
+    assert fmt_bytes(512 * 1024) == "512 KiB"
+    assert fmt_bytes(22 * GiB) == "22 GiB"
+    assert fmt_bytes(1536 * 1024**2) == "1.5 GiB"
+    assert fmt_bytes(100) == "100 B"
+    assert fmt_bytes(1023.9 * 1024**2) == "1024 MiB" and fmt_bytes(2.81 * GiB) == "2.81 GiB"
+
+
+def test_every_known_model_plans():
+    for name, shape in KNOWN_MODELS.items():
+        p = make_plan(shape, dtype="bf16", gpu_mem=1024 * GiB, reserve=0)
+        assert p.kv_bytes_per_token == 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2, name
+        assert p.paged_max_requests >= p.static_max_requests >= 1, name

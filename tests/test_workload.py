@@ -1,0 +1,84 @@
+"""Workloads: synthetic seeded requests, prompt files, length ranges."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.request import SamplingParams
+from kvscope.workload import (
+    parse_range,
+    prompts_from_text,
+    prompts_workload,
+    read_prompts,
+    synthetic_workload,
+)
+
+
+@pytest.mark.parametrize("text, expected", [("32", (32, 32)), ("16-64", (16, 64)), ("16:64", (16, 64)),
+                                            (8, (8, 8)), ((3, 5), (3, 5)), (" 4-4 ", (4, 4))])
+def test_parse_range(text, expected):
+    assert parse_range(text) == expected
+
+
+@pytest.mark.parametrize("text, why", [("64-16", "below the lower end"), ("0-4", "at least 1"),
+                                       ("a-b", "a number or LO-HI"), ("1-2-3", "a number or LO-HI"), ("", "LO-HI")])
+def test_parse_range_errors(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse_range(text, "prompt length")
+
+
+def test_synthetic_workload_lengths_seed_prefix_and_exclusions():
+    params = SamplingParams(temperature=0.8, seed=7)
+    items = synthetic_workload(50, (10, 20), (3, 9), vocab_size=40, shared_prefix_len=6, seed=1, params=params,
+                               exclude_ids=[0, 1, 2])
+    assert len(items) == 50
+    prefix = items[0].prompt[:6]
+    for i, item in enumerate(items):
+        assert item.prompt[:6] == prefix
+        assert 16 <= len(item.prompt) <= 26 and item.num_prompt_tokens == len(item.prompt)
+        assert not {0, 1, 2} & set(item.prompt) and all(0 <= t < 40 for t in item.prompt)
+        assert 3 <= item.params.max_tokens <= 9 and item.params.ignore_eos
+        assert item.params.temperature == 0.8 and item.params.seed == 7 + i  # own seed, reproducible
+    again = synthetic_workload(50, (10, 20), (3, 9), vocab_size=40, shared_prefix_len=6, seed=1, params=params,
+                               exclude_ids=[0, 1, 2])
+    assert [i.prompt for i in again] == [i.prompt for i in items]
+    other = synthetic_workload(50, (10, 20), (3, 9), vocab_size=40, seed=2)
+    assert [i.prompt for i in other] != [i.prompt for i in items]
+    assert len({len(i.prompt) for i in items}) > 3  # lengths really vary
+
+
+def test_synthetic_workload_errors():
+    with pytest.raises(ValueError, match="at least 1"):
+        synthetic_workload(0, vocab_size=10)
+    with pytest.raises(ValueError, match="no token ids left"):
+        synthetic_workload(2, vocab_size=2, exclude_ids=[0, 1])
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        synthetic_workload(2, vocab_size=10, shared_prefix_len=-1)
+
+
+def test_read_prompts_one_per_line(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_bytes("\ufeffHello there\r\n\r\n  indented stays  \nlast".encode())
+    assert read_prompts(path) == ["Hello there", "  indented stays  ", "last"]
+    assert prompts_from_text("a\n\n b\n") == ["a", " b"]
+
+
+@pytest.mark.parametrize("content, why", [(None, "does not exist"), ("dir", "is a folder"), (b"\n  \n", "has no prompts"),
+                                          (b"caf\xe9\n", "not UTF-8")])
+def test_read_prompts_errors(tmp_path, content, why):
+    path = tmp_path / "prompts.txt"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=why):
+        read_prompts(path)
+
+
+def test_prompts_workload_draws_output_lengths():
+    items = prompts_workload(["a", "b", "c"], (5, 7), seed=3, ignore_eos=False)
+    assert [i.prompt for i in items] == ["a", "b", "c"]
+    assert all(5 <= i.params.max_tokens <= 7 and not i.params.ignore_eos for i in items)
+    assert items[0].num_prompt_tokens is None
+    with pytest.raises(ValueError, match="no prompts"):
+        prompts_workload([], (4, 4))

@@ -1,0 +1,159 @@
+"""The proof of "live": JupyterLab in headless Chromium (network blocked) runs the example notebook's
+cells, and the dashboard's plots appear and their numbers change while the run goes on.
+
+The server runs on loopback with a token, a temporary root, and its own settings, workspace and
+runtime folders (news fetching off), so it neither reads nor writes the user's Jupyter state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(150)]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "00_live_dashboard.ipynb"
+KPI_TEXT_JS = """() => {
+  const found = [];
+  const walk = (root) => root.querySelectorAll('*').forEach(e => {
+    if (e.classList && e.classList.contains('kvs-kpi')) found.push(e.innerText);
+    if (e.shadowRoot) walk(e.shadowRoot);
+  });
+  walk(document);
+  return found.join(' | ');
+}"""
+
+
+# Every ColumnDataSource in the page's Bokeh documents: {columns: {name: [values]}} (typed arrays as lists).
+SOURCES_JS = """() => {
+  const docs = new Set([...Bokeh.index.all_views()].map(v => v.model.document).filter(d => d != null));
+  const out = [];
+  for (const doc of docs) for (const m of doc._all_models.values())
+    if (m.type == "ColumnDataSource")
+      out.push(Object.fromEntries(Object.entries(m.data).map(([k, v]) => [k, Array.from(v)])));
+  return out;
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """(base url, token, root) of a JupyterLab server holding a copy of the example notebook."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(EXAMPLE, root / EXAMPLE.name)
+    settings = tmp_path / "settings"
+    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"))
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+           "--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if os.geteuid() == 0:  # CI containers run as root
+        cmd.append("--allow-root")
+    log = open(tmp_path / "lab.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("jupyter lab did not start:\n" + (tmp_path / "lab.log").read_text()) from None
+                time.sleep(0.5)
+        yield base, token, root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _accept_kernel_dialog(page) -> None:
+    """The first open of a notebook may ask which kernel to start: take the proposed one."""
+    dialog = page.locator(".jp-Dialog")
+    try:
+        dialog.wait_for(state="visible", timeout=8000)
+    except Exception:
+        return  # the kernel started without asking
+    dialog.locator(".jp-mod-accept").click()
+    dialog.wait_for(state="hidden", timeout=5000)
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"[\d,.]+", text)
+
+
+def test_dashboard_updates_live_in_jupyterlab(lab, page, artifacts):
+    base, token, _root = lab
+    page.set_viewport_size({"width": 1600, "height": 2400})  # the whole dashboard, two panels a row
+    page.set_default_timeout(30_000)
+    page.goto(f"{base}/lab/tree/{EXAMPLE.name}?token={token}")
+    page.locator(".jp-NotebookPanel").first.wait_for(state="visible", timeout=60_000)
+    _accept_kernel_dialog(page)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=60_000)
+
+    # Run the first two code cells (%load_ext, then %kvscope) as a user would, with Shift+Enter; the
+    # later cell that waits for the end is left alone, so the kernel is idle while the run goes on.
+    page.locator(".jp-CodeCell").first.click()
+    page.keyboard.press("Escape")  # command mode
+    for _ in range(2):
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_timeout(300)
+
+    # The plots appear: one Bokeh figure view per plot of the dashboard (BokehJS loaded by %load_ext).
+    page.wait_for_function(f"() => window.Bokeh !== undefined && ({COUNT_VIEWS_JS})('Figure') >= 8",
+                           timeout=60_000)
+    page.wait_for_function(f"() => ({KPI_TEXT_JS})().includes('output tokens/s')", timeout=30_000)
+    first = page.evaluate(KPI_TEXT_JS)
+    deadline = time.monotonic() + 20  # a loaded machine's browser can lag the kernel by seconds
+    while (second := page.evaluate(KPI_TEXT_JS)) == first and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status = page.locator(".kvscope-dashboard .widget-html").first.inner_text()
+    page.screenshot(path=str(artifacts / "jupyterlab_live.png"), full_page=True)
+    assert "running" in status, f"the run should still be going: {status!r}"
+    assert _numbers(first) != _numbers(second), f"the KPIs did not change while running:\n{first}\n{second}"
+    assert page.evaluate(COUNT_CANVASES_JS) >= 8
+
+    # What the browser holds mid-run is whole: no stream lost or applied twice, the page map complete.
+    sources = page.evaluate(SOURCES_JS)
+    batch = next(s for s in sources if "prefill" in s and "decode" in s)
+    assert batch["step"] == list(range(len(batch["step"]))) and len(batch["step"]) > 5
+    cells = next(s for s in sources if "outline" in s)
+    assert {len(column) for column in cells.values()} == {96}  # --num-blocks 96 in the example
+    assert any(owner for owner in cells["owner"])
+
+    # Stop works while the kernel is idle: the button's click reaches the kernel, the run ends.
+    page.get_by_role("button", name="Stop").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')].some(e => e.innerText.includes('stopped'))",
+        timeout=30_000)
+    page.screenshot(path=str(artifacts / "jupyterlab_stopped.png"), full_page=True)
+    blocked = [u for u in page.kvscope_log["blocked"] if "127.0.0.1" not in u]
+    assert all(not u.startswith(("http://127.0.0.1", "ws://127.0.0.1")) for u in blocked)

@@ -1,0 +1,172 @@
+"""Panels fed from real step records: what each one holds must match the run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from bokeh.document import Document
+from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ModelChangedEvent
+from kvscope.widgets.feed import Feed, Tick
+from kvscope.widgets.panels import apply_tick, build_panels
+from kvscope.widgets.panels_pagemap import PageMapPanel, merge_entries
+from kvscope.widgets.panels_timeline import TimelinePanel
+from kvscope.widgets.stats import LatencyStats
+
+from kvscope.telemetry import metrics
+from kvscope.telemetry.records import FREE_PAGE, PageEntry
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _chunks(run, size: int):
+    """The run's items as the recorder published them, in ticks of ``size`` records."""
+    feed = Feed()
+    events = sorted(run.events, key=lambda e: e.t_ns)
+    i = 0
+    for start in range(0, len(run.records), size):
+        chunk = run.records[start:start + size]
+        while i < len(events) and events[i].t_ns <= chunk[-1].t_end_ns:
+            feed.push(events[i])
+            i += 1
+        for record in chunk:
+            feed.push(record)
+        yield feed, feed.poll()
+    for event in events[i:]:
+        feed.push(event)
+    yield feed, feed.poll(final=True)
+
+
+def _fill(run, size: int = 7, rollover: int | None = None):
+    stats = LatencyStats()
+    panels = {p.name: p for p in build_panels(stats, rollover, {"t0_ns": run.t0_ns})}
+    for _feed, tick in _chunks(run, size):
+        apply_tick(list(panels.values()), stats, tick)
+    return stats, panels
+
+
+def test_feed_holds_events_until_their_step_arrives(finished_run):
+    records, events = finished_run.records, finished_run.events
+    feed = Feed()
+    later = [e for e in events if e.t_ns > records[0].t_end_ns]
+    for event in events:
+        feed.push(event)
+    feed.push(records[0])
+    tick = feed.poll()
+    assert tick.steps == [records[0]] and all(e.t_ns <= records[0].t_end_ns for e in tick.events)
+    assert feed.poll().events == []  # nothing new yet: later events stay held
+    assert feed.poll(final=True).events == later
+    items = list(Tick([records[1]], [e for e in events if e.step == 1]).ordered())
+    assert items[-1] is records[1]  # a step's own events come before its record
+
+
+def test_latency_stats_match_the_telemetry_definitions(finished_run):
+    stats, _ = _fill(finished_run)
+    expected_itl = np.sort(metrics.all_itls(finished_run.records))
+    assert np.allclose(np.sort(np.array(stats.itl)), expected_itl)
+    ttft = finished_run.requests["ttft_s"].dropna().to_numpy()
+    assert np.allclose(np.sort(np.array(stats.ttft)), np.sort(ttft))
+    assert stats.num_requests == stats.num_finished == 8 and stats.num_active == 0
+    assert stats.num_preemptions == finished_run.summary()["preemptions"] > 0
+
+
+def test_series_panels_have_one_row_per_step(finished_run):
+    _, panels = _fill(finished_run)
+    n = len(finished_run.records)
+    for name in ("memory", "occupancy", "batch", "latency"):
+        assert list(panels[name].source.data["step"]) == [r.step for r in finished_run.records], name
+    batch = panels["batch"].source.data
+    assert list(batch["prefill"]) == [r.num_prefill_tokens for r in finished_run.records]
+    assert list(batch["running"]) == [r.num_running for r in finished_run.records]
+    occupancy = panels["occupancy"].source.data
+    assert max(occupancy["static_share"]) > 1  # a static reservation would not fit this pool
+    assert len(panels["memory"].source.data["kv_used"]) == n
+    kpi = panels["kpi"].values
+    assert (kpi["finished"], kpi["requests"], kpi["step"]) == (8, 8, finished_run.records[-1].step)
+    assert "8 / 8" in panels["kpi"].div.text
+
+
+def test_page_map_matches_the_run_and_is_patched_not_resent(finished_run):
+    panel = PageMapPanel()
+    doc = Document()
+    doc.add_root(panel.model)
+    events = []
+    doc.on_change(lambda event: events.append(event))
+    records = finished_run.records
+    for i, (_feed, tick) in enumerate(_chunks(finished_run, 5)):
+        events.clear()
+        panel.update(tick)
+        if tick.steps:
+            expected = finished_run.page_map_at(tick.steps[-1].step)
+            assert panel.source.data["state"] == [e.state for e in expected]
+            assert panel.source.data["owner"] == [e.owner for e in expected]
+            assert list(panel.source.data["filled"]) == [e.filled for e in expected]
+        data_sends = [e for e in events if isinstance(e, ColumnDataChangedEvent)
+                      or (isinstance(e, ModelChangedEvent) and e.attr == "data")]
+        if i == 0:
+            assert data_sends  # the grid goes out once
+        else:
+            assert not data_sends, "the grid was sent again"
+            assert all(isinstance(e, ColumnsPatchedEvent) for e in events if getattr(e, "model", None) is panel.source)
+    assert len(panel.source.data["block"]) == records[0].kv.num_blocks == 40
+    assert "shared" in {e.state for r in records for e in r.page_map.values()}
+
+
+def test_timeline_follows_each_request(finished_run):
+    _, panels = _fill(finished_run)
+    data = panels["timeline"].source.data
+    rows = list(zip(data["request"], data["state"], data["left"], data["right"]))
+    assert all(left <= right for _, _, left, right in rows)
+    by_request: dict[str, list[str]] = {}
+    for rid, state, _, _ in rows:
+        by_request.setdefault(rid, []).append(state)
+    assert len(by_request) == 8
+    preempted = set(finished_run.requests.query("num_preemptions > 0")["request_id"])
+    assert preempted
+    for rid, states in by_request.items():
+        assert states[:3] == ["waiting", "prefill", "decode"]
+        if rid in preempted:  # it may end in the recompute that sampled its last token
+            assert "preempted" in states and states[-1] in ("decode", "prefill")
+        else:
+            assert states == ["waiting", "prefill", "decode"]
+    finished = finished_run.requests.set_index("request_id")["finished_s"]
+    for rid in by_request:
+        last = max(r for q, _, _, r in rows if q == rid)
+        assert last == pytest.approx(finished[rid], abs=1e-6)  # the last bar ends when it finished
+    assert panels["timeline"].num_active == 0
+
+
+def test_timeline_rollover_keeps_the_newest_bars_right(finished_run):
+    full = _fill(finished_run, size=3)[1]["timeline"].source.data
+    panel = TimelinePanel(rollover=6, meta={"t0_ns": finished_run.t0_ns})
+    stats = LatencyStats()
+    for _feed, tick in _chunks(finished_run, 3):
+        apply_tick([panel], stats, tick)
+    rolled = panel.source.data
+    assert len(rolled["left"]) == 6
+    for column in ("request", "state", "left", "right"):
+        assert list(rolled[column]) == list(full[column])[-6:], column
+
+
+def test_rollover_bounds_every_series(finished_run):
+    _, panels = _fill(finished_run, size=4, rollover=10)
+    for name in ("memory", "occupancy", "batch", "latency", "timeline"):
+        source = panels[name].source
+        assert all(len(v) <= 10 for v in source.data.values()), name
+    assert list(panels["batch"].source.data["step"]) == [r.step for r in finished_run.records[-10:]]
+
+
+def test_a_large_pool_is_drawn_in_runs_of_blocks(finished_run):
+    panel = PageMapPanel(max_cells=16)  # 40 blocks -> runs of 3 blocks, 14 cells
+    for _feed, tick in _chunks(finished_run, 5):
+        panel.update(tick)
+        if not tick.steps:
+            continue
+        expected = finished_run.page_map_at(tick.steps[-1].step)
+        cells = [merge_entries(expected[c * 3:c * 3 + 3]) for c in range(14)]
+        assert panel.source.data["state"] == [e.state for e in cells]
+        assert panel.source.data["owner"] == [e.owner for e in cells]
+        assert list(panel.source.data["filled"]) == [e.filled for e in cells]
+    assert (panel.group, panel.num_cells, len(panel.source.data["x"])) == (3, 14, 14)
+    assert panel.source.data["blocks"][:2] == ["0–2", "3–5"] and panel.source.data["blocks"][-1] == "39–39"
+    shared = PageEntry("a", 8, "shared", 2)
+    assert merge_entries([FREE_PAGE, PageEntry("b", 3, "used", 1), shared]) == PageEntry("a", 11, "shared", 2)
