@@ -181,6 +181,7 @@ class RunResult:
     name: str
     tokens: list[list[int]]  # output token ids per request, in workload order
     wall_s: float  # first request submitted -> last token returned
+    cpu_s: float  # CPU time of the whole process (all threads) over the same span
     ttft_s: list[float] = field(default_factory=list)  # per request, from submission of all requests
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 tokens
     itl_s: list[float] = field(default_factory=list)  # every gap between consecutive tokens, pooled
@@ -194,6 +195,13 @@ class RunResult:
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        """Output tokens per CPU-second: far steadier than wall time when other work shares the
+        machine (time spent descheduled does not count), the same when the machine is quiet and
+        every thread is busy."""
+        return self.output_tokens / self.cpu_s if self.cpu_s > 0 else math.nan
 
 
 def latencies_from_times(t0: float, token_times: Sequence[Sequence[float]], result: RunResult) -> None:

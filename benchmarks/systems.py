@@ -61,11 +61,11 @@ class KvscopeSystem:
         gc.collect()
         with PeakMemory() as mem:
             engine = self.engine = Engine(self.model, **self.kwargs)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outs = engine.generate([i.prompt for i in items], [i.params for i in items])
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         times = token_times(engine.recorder.steps)
-        result = RunResult(self.name, [o.token_ids for o in outs], wall, peak_mem_bytes=mem.delta,
+        result = RunResult(self.name, [o.token_ids for o in outs], wall, cpu, peak_mem_bytes=mem.delta,
                            note=f"block {self.kwargs['block_size']}, {self.kwargs['num_blocks']} blocks, "
                                 f"{self.kwargs['max_num_batched_tokens']} tokens/step")
         latencies_from_times(t0, [[t / 1e9 for t in times[o.request_id]] for o in outs], result)
@@ -104,7 +104,7 @@ def hf_static(model: torch.nn.Module, items: Sequence[WorkItem], batch_size: int
     tokens: list[list[int]] = []
     times: list[list[float]] = []
     with PeakMemory() as mem:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for start in range(0, len(items), batch_size):
             batch = items[start : start + batch_size]
             width = max(len(i.prompt) for i in batch)
@@ -122,8 +122,8 @@ def hf_static(model: torch.nn.Module, items: Sequence[WorkItem], batch_size: int
                 n = item.params.max_tokens
                 tokens.append(out[row, width : width + n].tolist())
                 times.append(clock.times[:n])
-        wall = time.perf_counter() - t0
-    result = RunResult(f"hf-static[bs={batch_size}]", tokens, wall, peak_mem_bytes=mem.delta,
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    result = RunResult(f"hf-static[bs={batch_size}]", tokens, wall, cpu, peak_mem_bytes=mem.delta,
                        note=f"left-padded batches of {batch_size}, arrival order")
     latencies_from_times(t0, times, result)
     return result
@@ -146,7 +146,7 @@ def hf_continuous(model: torch.nn.Module, items: Sequence[WorkItem], max_batch_t
         manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         manager.start()
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for k, item in enumerate(items):
                 manager.add_request(item.prompt, request_id=f"r{k}", max_new_tokens=item.params.max_tokens,
                                     eos_token_id=-1, record_timestamps=True)
@@ -157,7 +157,7 @@ def hf_continuous(model: torch.nn.Module, items: Sequence[WorkItem], max_batch_t
                     results[out.request_id] = out
                 elif out is None and not manager.is_running():
                     raise RuntimeError("transformers' continuous batching stopped before finishing the workload")
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             manager.stop(block=True)
             manager.destroy()
@@ -166,7 +166,7 @@ def hf_continuous(model: torch.nn.Module, items: Sequence[WorkItem], max_batch_t
     if failed:
         raise RuntimeError(f"transformers' continuous batching failed requests {failed}: {ordered[0].error}")
     result = RunResult(f"hf-continuous[{max_batch_tokens} tok]", [list(o.generated_tokens) for o in ordered],
-                       wall, peak_mem_bytes=mem.delta,
+                       wall, cpu, peak_mem_bytes=mem.delta,
                        note=f"pages of {block_size}, {max_batch_tokens} tokens/step, sdpa")
     latencies_from_times(t0, [list(o.timestamps or []) for o in ordered], result)
     return result

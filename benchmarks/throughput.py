@@ -77,7 +77,8 @@ def _summary_row(runs: list[RunResult], rounds_run: int) -> list[str]:
     mid = ordered[len(ordered) // 2]
     return [
         mid.name, f"{median([r.tokens_per_s for r in runs]):.1f}",
-        " ".join(f"{r.tokens_per_s:.0f}" for r in runs), f"{median([r.wall_s for r in runs]):.1f}",
+        " ".join(f"{r.tokens_per_s:.0f}" for r in runs), f"{median([r.tokens_per_cpu_s for r in runs]):.1f}",
+        f"{median([r.wall_s for r in runs]):.1f}",
         f"{fmt_ms(pct(mid.ttft_s, 50))} / {fmt_ms(pct(mid.ttft_s, 99))}",
         f"{fmt_ms(pct(mid.tpot_s, 50))} / {fmt_ms(pct(mid.tpot_s, 99))}",
         f"{fmt_ms(pct(mid.itl_s, 50))} / {fmt_ms(pct(mid.itl_s, 99))}",
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(f"kvscope identical across its {len(runs['kvscope'])} runs: {stable}")
 
-    headers = ["system", "tok/s (median)", "tok/s per run", "wall s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
+    headers = ["system", "tok/s (median)", "tok/s per run", "tok/CPU-s", "wall s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                "ITL p50/p99 ms", "peak MiB", "runs"]
     print(f"\nthroughput (output tokens / wall time; peak MiB = {MEMORY_METRIC}; kvscope's includes building"
           " its KV pool)")
@@ -151,20 +152,23 @@ def main(argv: list[str] | None = None) -> int:
 
     ratios = {}
     for peer in (static_name, cont_name):
-        paired = [a.tokens_per_s / b.tokens_per_s for a, b in zip(runs["kvscope"], runs[peer])]
-        ratios[peer] = (median(paired), paired)
+        for kind, attr in (("wall", "tokens_per_s"), ("cpu", "tokens_per_cpu_s")):
+            paired = [getattr(a, attr) / getattr(b, attr) for a, b in zip(runs["kvscope"], runs[peer])]
+            ratios[(peer, kind)] = (median(paired), paired)
     if args.json:
         args.json.write_text(json.dumps({
             "model": desc, "machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
-            "runs": {name: [dict(tok_s=r.tokens_per_s, wall_s=r.wall_s, ttft_p50=pct(r.ttft_s, 50),
+            "runs": {name: [dict(tok_s=r.tokens_per_s, tok_cpu_s=r.tokens_per_cpu_s, wall_s=r.wall_s,
+                                 cpu_s=r.cpu_s, ttft_p50=pct(r.ttft_s, 50), ttft_p99=pct(r.ttft_s, 99),
                                  tpot_p50=pct(r.tpot_s, 50), itl_p99=pct(r.itl_s, 99), peak_mem=r.peak_mem_bytes)
                             for r in rs] for name, rs in runs.items()},
             "agreement": [a.line() for a in agreements],
-            "ratios": {k: {"median": v[0], "per_round": v[1]} for k, v in ratios.items()},
+            "ratios": {f"{k[0]} {k[1]}": {"median": v[0], "per_round": v[1]} for k, v in ratios.items()},
         }, indent=1))
-    print("\nratios (kvscope / peer, output tokens per second; median of per-round ratios):")
-    for peer, (mid, paired) in ratios.items():
-        print(f"RATIO kvscope/{peer} = {mid:.2f}x  (per round: {' '.join(f'{x:.2f}' for x in paired)})")
+    print("\nratios (kvscope / peer: output tokens per wall-clock second, then per CPU-second; median of "
+          "per-round ratios):")
+    for (peer, kind), (mid, paired) in ratios.items():
+        print(f"RATIO kvscope/{peer} {kind} = {mid:.2f}x  (per round: {' '.join(f'{x:.2f}' for x in paired)})")
     return 0
 
 
