@@ -25,9 +25,9 @@ import torch
 from kvscope.models import build_tiny_model, load_model
 from kvscope.workload import WorkItem, synthetic_workload
 
-# The default benchmark model: a randomly initialised Llama of ~56M parameters. Intermediate size
-# 1376 = 8/3 x 512 rounded up to a multiple of 32 (Llama's SwiGLU ratio), the same model as
-# benchmarks/overhead.py. Random weights with the usual init (std 0.02), float32.
+# The default benchmark model: a randomly initialised Llama of 56.0M parameters. Intermediate size
+# 1376 = 8/3 x 512 rounded up to a multiple of 32 (Llama's SwiGLU ratio); head size 64 = 512 / 8
+# (set explicitly: ``tiny_config`` would keep its own 16). Random weights, init std 0.02, float32.
 LLAMA_60M = dict(
     hidden_size=512,
     intermediate_size=1376,

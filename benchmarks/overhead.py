@@ -1,8 +1,10 @@
 """What telemetry costs: kvscope throughput with telemetry off vs on, same process, same workload.
 
-    python benchmarks/overhead.py            # ~60M-parameter random Llama, 48 requests, 5 repeats
+    python benchmarks/overhead.py            # the throughput benchmark's 56M random Llama, 48 requests
     python benchmarks/overhead.py --quick    # a smaller workload, 3 repeats
     python benchmarks/overhead.py --model tiny --threads 1 --json out.json
+
+The model and workload are those of ``benchmarks/throughput.py`` (``harness.py``).
 
 Each mode gets its own engine over one shared model. Runs are interleaved (off, on, on, off, ...) so
 that drift of a shared machine hits every mode alike; the figure is the median of the repeats.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -28,19 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from harness import build_model, make_workload, passive_omp
 
-from kvscope import Engine, SamplingParams
-from kvscope.models import build_tiny_model
-
-BENCH_MODEL = dict(
-    hidden_size=512,
-    intermediate_size=1376,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=32000,
-    max_position_embeddings=1024,
-)
+from kvscope import Engine
+from kvscope.workload import WorkItem
 
 
 @dataclass(slots=True)
@@ -60,52 +52,31 @@ except ImportError:  # pragma: no cover - bokeh / ipywidgets missing
     pass
 
 
-@dataclass(slots=True)
-class Workload:
-    prompts: list[list[int]]
-    params: list[SamplingParams]
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(p.max_tokens for p in self.params)
-
-
-def make_workload(
-    n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int, seed: int = 0
-) -> Workload:
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_len))] for _ in range(n)]
-    params = [SamplingParams(max_tokens=rng.randint(*output_len), ignore_eos=True) for _ in range(n)]
-    return Workload(prompts, params)
-
-
 def make_engines(model_name: str, block_size: int) -> dict[str, Engine]:
-    if model_name == "bench":
-        model, tokenizer = build_tiny_model("llama", init_std=0.02, **BENCH_MODEL), None
-    else:
-        first = Engine(model_name, telemetry=False)
-        model, tokenizer = first.model, first.tokenizer
+    """One engine per mode, all over one shared model (no tokenizer: the workload is token ids)."""
+    model, _ = build_model(model_name)
     kwargs = dict(block_size=block_size, num_blocks=2048, max_model_len=512)
-    return {m.name: Engine(model, tokenizer=tokenizer, telemetry=m.telemetry, **kwargs) for m in MODES}
+    return {m.name: Engine(model, telemetry=m.telemetry, **kwargs) for m in MODES}
 
 
-def run_once(engine: Engine, mode: Mode, work: Workload) -> tuple[float, float]:
+def run_once(engine: Engine, mode: Mode, work: list[WorkItem]) -> tuple[float, float]:
     """Output tokens per wall-clock second and per CPU second of one full workload."""
     if engine.recorder is not None:
         engine.recorder.clear()
     detach = mode.attach(engine) if mode.attach else None
     try:
         start, cpu = time.perf_counter(), time.process_time()
-        outs = engine.generate(work.prompts, work.params)
+        outs = engine.generate([w.prompt for w in work], [w.params for w in work])
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         if detach:
             detach()
-    assert sum(len(o.token_ids) for o in outs) == work.output_tokens
-    return work.output_tokens / elapsed, work.output_tokens / cpu
+    tokens = sum(len(o.token_ids) for o in outs)
+    assert tokens == sum(w.params.max_tokens for w in work)
+    return tokens / elapsed, tokens / cpu
 
 
-def recorder_cost(engine: Engine, work: Workload) -> tuple[float, float]:
+def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
     """(recorder CPU microseconds per step, its share of the steps' CPU time) over one untimed run.
 
     Thread CPU time (``thread_time_ns``) of ``record_step`` and of ``Engine.step``: unlike wall time it
@@ -133,7 +104,7 @@ def recorder_cost(engine: Engine, work: Workload) -> tuple[float, float]:
     recorder.clear()
     recorder.record_step, engine.step = timed_record, timed_step
     try:
-        engine.generate(work.prompts, work.params)
+        engine.generate([w.prompt for w in work], [w.params for w in work])
     finally:
         del recorder.record_step, engine.step
     return sum(in_record) / len(in_record) / 1e3, sum(in_record) / sum(in_step)
@@ -142,7 +113,9 @@ def recorder_cost(engine: Engine, work: Workload) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--model", default="bench", help="'bench' (random ~60M Llama), 'tiny', 'smollm2' or a path"
+        "--model",
+        default="llama-60m",
+        help="'llama-60m' (random 56M Llama), 'llama-quick', 'tiny', 'smollm2' or a path",
     )
     ap.add_argument(
         "--quick", action="store_true", help="12 requests, shorter prompts and outputs, 3 repeats"
@@ -153,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
+    passive_omp()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -161,9 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((16, 256), (8, 128))
 
     engines = make_engines(args.model, args.block_size)
-    vocab = next(iter(engines.values())).spec.vocab_size or 512
-    work = make_workload(n, prompt_len, output_len, vocab)
-    warm = make_workload(4, (8, 32), (4, 8), vocab, seed=1)
+    model = next(iter(engines.values())).model
+    work = make_workload(model, n, prompt_len, output_len, seed=0)
+    warm = make_workload(model, 4, (8, 32), (4, 8), seed=1)
     modes = {m.name: m for m in MODES}
     for name, engine in engines.items():
         run_once(engine, modes[name], warm)
@@ -198,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "model": args.model,
         "requests": n,
-        "output_tokens": work.output_tokens,
+        "output_tokens": sum(w.params.max_tokens for w in work),
         "repeats": repeats,
         "threads": torch.get_num_threads(),
         "modes": modes,
@@ -206,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         "record_share_of_step_cpu": record_share,
     }
     print(
-        f"\nmodel {args.model}, {n} requests, {work.output_tokens} output tokens, {repeats} interleaved "
+        f"\nmodel {args.model}, {n} requests, {report['output_tokens']} output tokens, {repeats} interleaved "
         f"repeats, {report['threads']} threads"
     )
     print(

@@ -67,7 +67,8 @@ def kvscope_attention(
         num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(key_cache.dtype))
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(value_cache.dtype))
-        out = run_plan(meta.plan, q, key_cache, value_cache, scaling, torch.empty_like(q), k, v)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D] contiguous: the model reshapes it
+        run_plan(meta.plan, q, key_cache, value_cache, scaling, out, k, v)
         return out.unsqueeze(0), None  # [1, T, Hq, D]
     meta.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
     out = meta.backend.paged_attention(

@@ -41,6 +41,7 @@ examples:
 
 def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (checked)."""
+    from .telemetry.export import unwritable  # here: the telemetry package brings torch
     prefix = str(Path(args.out).expanduser())
     paths = {"html": prefix + ".html", "trace": prefix + ".trace.json", "metrics": prefix + ".metrics.jsonl"}
     for kind in paths:
@@ -53,6 +54,9 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
             raise CLIError(f"the {kind} path {text!r} is a folder; give a file name")
         if not path.parent.is_dir():
             raise CLIError(f"the folder of {text!r} does not exist; create it or choose another --out / --{kind}")
+        why = unwritable(path)
+        if why is not None:
+            raise CLIError(f"cannot write the {kind} file {text!r} ({why}); choose another --out / --{kind}")
         out[kind] = path
     return out
 
@@ -88,10 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CLIError("give requests one way only, --prompts FILE or --requests N, not both")
     if args.num_blocks is not None and args.kv_memory is not None:
         raise CLIError("give --num-blocks or --kv-memory, not both")
-    if args.step_delay < 0:
-        raise CLIError("--step-delay must be >= 0 seconds")
+    if not 0 <= args.step_delay < math.inf:  # also refuses NaN
+        raise CLIError("--step-delay must be a number of seconds >= 0")
     if args.prompts and not Path(args.prompts).expanduser().is_file():
-        raise CLIError(f"prompts file {args.prompts!r} does not exist; give a UTF-8 text file, one prompt per line")
+        why = "is a folder" if Path(args.prompts).expanduser().is_dir() else "does not exist"
+        raise CLIError(f"prompts file {args.prompts!r} {why}; give a UTF-8 text file, one prompt per line")
     paths = output_paths(args)
     model = check_model(args.model)
     try:

@@ -16,9 +16,10 @@ from .kv_cache_manager import KVCacheManager
 from .models import load_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .telemetry.profiler import NULL_MARKS
 from .telemetry.recorder import Recorder
+from .telemetry.records import StepRecord
 
 Prompt = str | list[int]
 
@@ -185,8 +186,37 @@ class Engine:
         return True
 
     def abort_all(self) -> None:
+        """Abort every unfinished request and record the resulting state (``record_state``)."""
         for request_id in list(self.requests):
             self.abort(request_id)
+        self.record_state()
+
+    def reject(self, prompt: Prompt, params: SamplingParams | None, error: str) -> Request:
+        """A request that cannot run, recorded as queued and at once finished with status ``error``
+        (so a background run can fail one bad prompt alone while the others go on)."""
+        text = prompt if isinstance(prompt, str) else None
+        try:
+            tokens = self.tokenizer.encode(prompt) if text and self.tokenizer else [int(t) for t in prompt or ()]
+        except (TypeError, ValueError):
+            tokens = []
+        request = Request(next_request_id(), tokens, params or SamplingParams(), prompt=text,
+                          arrival_time=time.perf_counter())
+        request.status, request.error = RequestStatus.FINISHED_ERROR, error
+        if self.recorder is not None:
+            self.recorder.request_event("queued", request)
+            self.recorder.request_event("finished", request)
+        return request
+
+    def record_state(self) -> StepRecord | None:
+        """Record the engine's state if it changed since the last record without a step (requests
+        aborted or failed between steps): a ``StepRecord`` with nothing scheduled and zero duration,
+        under the next step index. Returns it, or ``None`` when there was nothing new to record."""
+        if self.recorder is None or not self.recorder.state_changed():
+            return None
+        t = time.perf_counter_ns()
+        record = self.recorder.record_step(SchedulerOutput(), None, (t, t, t, t, t, t))
+        self.step_index += 1  # a recorded step: keep step indices unique
+        return record
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -280,6 +310,7 @@ class Engine:
             if not request.is_finished:
                 self._finish(request, status, message)
         self.scheduler.drop_finished_running()
+        self.record_state()  # the failed requests' blocks are free again
 
     # ---- convenience ---------------------------------------------------------------------------
     def _make_requests(self, prompts: Prompt | Sequence[Prompt], params) -> list[Request]:
@@ -318,6 +349,7 @@ class Engine:
         except BaseException:
             for request in requests:
                 self.abort(request.request_id)
+            self.record_state()
             raise
         return [self.output(r) for r in requests]
 
@@ -345,6 +377,7 @@ class Engine:
         finally:
             for request in requests:
                 self.abort(request.request_id)
+            self.record_state()
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:

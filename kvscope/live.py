@@ -46,6 +46,22 @@ class Outputs:
         return {k: p for k, p in (("trace", self.trace), ("metrics", self.metrics), ("html", self.html)) if p}
 
 
+_claims = threading.Lock()
+
+
+def _claim(engine: Engine, run: LiveRun) -> None:
+    """Mark ``engine`` as driven by ``run``; refuse if another live run still drives it (two threads
+    stepping one engine would corrupt it)."""
+    with _claims:
+        owner = getattr(engine, "_live_run", None)
+        if owner is not None and owner is not run and not owner.done:
+            raise RuntimeError(
+                f"this engine is already running {owner!r}; wait for it (run.wait()) or stop it "
+                "(run.stop()) first, or give the new run its own engine"
+            )
+        engine._live_run = run
+
+
 class LiveRun(Run):
     """A run in progress. ``LiveRun(make_engine, workload).start()``; then ``wait()``, ``stop()``,
     ``pause()`` / ``resume()``, ``outputs``, ``steps``, ``requests``; shows its dashboard in a notebook.
@@ -55,6 +71,10 @@ class LiveRun(Run):
     a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
     between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
     torch.profiler (after one warm-up step). ``dashboard=False`` runs without one (scripts, benchmarks).
+
+    A prompt the engine refuses (empty, too long, outside the vocabulary) fails alone: its request ends
+    with status ``error`` naming it (``item.source``, e.g. "line 3 of prompts.txt") and the others run.
+    An engine can be driven by one live run at a time; ``start()`` refuses a second one.
     """
 
     def __init__(
@@ -93,8 +113,12 @@ class LiveRun(Run):
 
     # ---- control (any thread) ---------------------------------------------------------------------------
     def start(self) -> LiveRun:
+        """Start the engine thread (and the dashboard's); returns at once. Raises ``RuntimeError`` if
+        this run was started before or its engine is driven by another live run that is not over."""
         if self._thread is not None:
             raise RuntimeError("this run was already started")
+        if isinstance(self._make_engine, Engine):
+            _claim(self._make_engine, self)
         self._thread = threading.Thread(target=self._main, name="kvscope-run", daemon=True)
         self._thread.start()
         if self.dashboard is not None:
@@ -188,6 +212,7 @@ class LiveRun(Run):
         engine = self._make_engine if isinstance(self._make_engine, Engine) else self._make_engine()
         if engine.recorder is None:
             raise ValueError("a live run needs an engine with telemetry=True")
+        _claim(engine, self)
         engine.recorder.clear()
         from .telemetry.recorder import run_metadata
 
@@ -205,10 +230,7 @@ class LiveRun(Run):
             if callable(self._workload):
                 self.workload = list(self._workload(engine))
             unsubscribe = engine.recorder.subscribe(self._collect)
-            for item in self.workload:
-                request = engine.make_request(item.prompt, item.params)
-                self._requests.append(request)
-                engine.add_request(request)
+            self._submit(engine)
             profiler = self._start_profiler(engine)
             self.status = "running"
             self._loop(engine)
@@ -217,10 +239,31 @@ class LiveRun(Run):
             self.error = exc
             self.status = f"failed: {type(exc).__name__}: {exc}"
         finally:
-            if engine is not None:
-                engine.abort_all()  # publishes the last "finished" events
-                self._finish(engine, profiler, unsubscribe)
-            self._done.set()
+            try:
+                if engine is not None:
+                    engine.abort_all()  # the last "finished" events, and a record of the freed pages
+                    self._finish(engine, profiler, unsubscribe)
+            except BaseException as exc:  # never leave wait() hanging
+                if self.error is None:
+                    self.error = exc
+                    self.status = f"failed: {type(exc).__name__}: {exc}"
+            finally:
+                if engine is not None and getattr(engine, "_live_run", None) is self:
+                    engine._live_run = None
+                self._done.set()
+
+    def _submit(self, engine: Engine) -> None:
+        """Add the workload. A prompt the engine refuses (empty, too long, outside the vocabulary)
+        fails alone, as a request finished with status ``error`` naming it; the others run."""
+        for i, item in enumerate(self.workload):
+            try:
+                request = engine.make_request(item.prompt, item.params)
+            except ValueError as exc:
+                where = item.source or f"request {i + 1} of {len(self.workload)}"
+                self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
+                continue
+            self._requests.append(request)
+            engine.add_request(request)
 
     def _loop(self, engine: Engine) -> None:
         while engine.has_unfinished_requests() and not self._stop.is_set():

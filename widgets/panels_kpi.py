@@ -63,9 +63,7 @@ class KpiPanel(Panel):
             ttft_p50=percentile(s.ttft, 50), ttft_p99=percentile(s.ttft, 99),
             itl_p50=percentile(s.itl, 50), itl_p99=percentile(s.itl, 99),
         )
-        self._final = tick.final
-        if tick.final and s.num_finished >= s.num_requests:  # aborts at a stop happen after the last step
-            v.update(running=0, waiting=0)
+        self._final = tick.final  # running / waiting at a stop: the engine records the aborts (record_state)
         self.source.data = {k: [float("nan") if v[k] is None else v[k]] for k in KPI_FIELDS}
         self.div.text = self._html()
 

@@ -67,6 +67,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> P
     return path
 
 
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why ``atomic_write(path, ...)`` would fail to create its file (the folder is missing, read-only,
+    not a folder), or ``None``: it tries what ``atomic_write`` does, a temp file in the same folder."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
 # ---- metrics (JSON Lines) -------------------------------------------------------------------------
 def write_metrics(run: Run, path: str | os.PathLike) -> Path:
     """Header line, then step and event lines in time order, then an end line (so truncation shows)."""

@@ -139,7 +139,8 @@ def _read_trace(path: Path, text: str) -> Loaded:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        at_end = exc.pos >= len(text.rstrip()) - 1
+        # a cut inside a string reports where the string starts, but it ran to the end all the same
+        at_end = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
         why = (
             "truncated JSON (it ends before the document closes)"
             if at_end

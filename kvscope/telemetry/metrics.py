@@ -226,13 +226,14 @@ def summary(
     duration = (max(ends) - min(starts)) / NS if starts and ends else 0.0
     out_tokens = sum(r.num_output_tokens for r in records)
     prompt_tokens = sum(r.num_prefill_tokens for r in records)
+    step_ns = [r.duration_ns for r in records if r.scheduled or r.duration_ns]  # not state records
     out.update(
         duration_s=duration,
         output_tokens=out_tokens,
         computed_prefill_tokens=prompt_tokens,
         output_tokens_per_s=out_tokens / duration if duration > 0 else math.nan,
         total_tokens_per_s=(out_tokens + prompt_tokens) / duration if duration > 0 else math.nan,
-        mean_step_ms=float(np.mean([r.duration_ns for r in records]) / 1e6) if records else math.nan,
+        mean_step_ms=float(np.mean(step_ns) / 1e6) if step_ns else math.nan,
     )
     for col, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"), ("queue_s", "queue")):
         values = requests[col].dropna().to_numpy() if len(requests) else np.empty(0)

@@ -88,25 +88,12 @@ class PageMapTracker:
                 filled[b] = min(bs, computed - j * bs)
                 dirty.add(b)
         changes: dict[int, PageEntry] = {}
-        entries, blocks = self.entries, self.pool.blocks
+        entries, entry_of = self.entries, self._entry
         for b in dirty:
-            block = blocks[b]
-            refs = block.ref_cnt
-            old = entries[b]
-            if refs == 0:
-                if block.block_hash is None:
-                    owner[b] = ""
-                    entry = FREE_PAGE
-                else:
-                    entry = PageEntry(owner[b], bs, "cached", 0)
-            else:
-                entry = PageEntry(
-                    owner[b],
-                    filled.get(b, old.filled if old.refs else bs),
-                    "shared" if refs > 1 else "used",
-                    refs,
-                )
-            if entry != old:
+            entry = entry_of(b, filled.get(b))
+            if entry is FREE_PAGE:
+                owner[b] = ""
+            if entry != entries[b]:
                 entries[b] = entry
                 changes[b] = entry
         dirty.clear()
@@ -115,6 +102,23 @@ class PageMapTracker:
             self.since_snapshot = 0
             return dict(enumerate(entries)), True
         return changes, False
+
+    def has_changes(self) -> bool:
+        """Whether a block touched since the last update would now read differently (no step needed)."""
+        return any(self._entry(b, None) != self.entries[b] for b in self.dirty)
+
+    def _entry(self, b: int, filled: int | None) -> PageEntry:
+        """Block ``b``'s entry now; ``filled`` if the step wrote into it, else what it held before."""
+        block = self.pool.blocks[b]
+        refs = block.ref_cnt
+        if refs == 0:
+            if block.block_hash is None:
+                return FREE_PAGE
+            return PageEntry(self.owner[b], self.pool.block_size, "cached", 0)
+        if filled is None:
+            old = self.entries[b]
+            filled = old.filled if old.refs else self.pool.block_size
+        return PageEntry(self.owner[b], filled, "shared" if refs > 1 else "used", refs)
 
 
 def page_map_at(records: Sequence[StepRecord], step: int) -> list[PageEntry]:

@@ -156,7 +156,12 @@ class Profiler:
         return self
 
     def stop(self) -> None:
-        """Close the window now (what the active steps recorded so far is kept)."""
+        """Close the window now (what the active steps recorded so far is kept) and stop listening
+        to the recorder."""
+        self._close()
+        self._detach()
+
+    def _close(self) -> None:
         if not self.running:
             return
         self._close_range()
@@ -171,8 +176,11 @@ class Profiler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _detach(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
+            self._unsubscribe = None
 
     # ---- phase marks (called by Engine.step) -------------------------------------------------------
     def begin(self, phase: str) -> None:
@@ -188,7 +196,7 @@ class Profiler:
         self._step_map.append((self.prof.step_num, self.engine.step_index))
         self.prof.step()
         if self.prof.step_num >= self.wait + self.warmup + self.num_steps:
-            self.stop()
+            self._close()  # this step's record is published next; _on_record then detaches
 
     def _close_range(self) -> None:
         if self._open is not None:
@@ -211,15 +219,14 @@ class Profiler:
             self.recorder.profiler_events.extend(self.trace_events)
 
     def _on_record(self, item: Any) -> None:
-        """Attach a summary to a record published after the window closed (the last profiled step)."""
-        if not isinstance(item, StepRecord) or item.step not in self.summaries:
+        """Attach a summary to a record published after the window closed (the last profiled step's,
+        the first record after closing), then stop listening."""
+        if not isinstance(item, StepRecord):
             return
-        step = item.step
-        if item.profile is None:
-            item.profile = self.summaries[step]
-        if self.done and step == max(self.summaries) and self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        if item.step in self.summaries and item.profile is None:
+            item.profile = self.summaries[item.step]
+        if self.done:
+            self._detach()
 
     def _summarise(self, prof: profile, steps: list[int]) -> dict[int, dict[str, int]]:
         """Kernel time by category per active step; ``ProfilerStep*`` ranges in time order are the steps."""

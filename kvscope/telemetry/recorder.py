@@ -63,6 +63,8 @@ class Recorder:
         self._seen_scheduled: set[str] = set()
         self._was_preempted: set[str] = set()
         self.pages.since_snapshot = self.pages.snapshot_every  # the next record is a full snapshot
+        sched = self.engine.scheduler
+        self._last_counts = (len(sched.running), len(sched.waiting))  # as of the last record
         pool = self.engine.pool
         self.baseline = {
             "prefix_cache_queries_before": pool.prefix_cache_queries,
@@ -76,12 +78,13 @@ class Recorder:
         return lambda: self.subscribers.remove(fn) if fn in self.subscribers else None
 
     def _publish(self, item: StepRecord | RequestEvent) -> None:
-        for fn in self.subscribers:
+        for fn in tuple(self.subscribers):  # a copy: a subscriber may unsubscribe while called
             try:
                 fn(item)
             except Exception as exc:
                 self.subscriber_errors.append(f"{fn!r}: {type(exc).__name__}: {exc}")
-                self.subscribers.remove(fn)
+                if fn in self.subscribers:
+                    self.subscribers.remove(fn)
 
     def steps_since(self, step: int) -> list[StepRecord]:
         """Records of steps ``>= step`` that the ring still holds (safe from any thread)."""
@@ -139,6 +142,12 @@ class Recorder:
         self._publish(event)
 
     # ---- steps -----------------------------------------------------------------------------------
+    def state_changed(self) -> bool:
+        """Whether the queue lengths or the page map differ from the last record (e.g. after aborts
+        between steps); ``Engine.record_state`` records such a change."""
+        sched = self.engine.scheduler
+        return (len(sched.running), len(sched.waiting)) != self._last_counts or self.pages.has_changes()
+
     def record_step(self, sched: SchedulerOutput, inp: ModelInput | None, t: tuple[int, ...]) -> StepRecord:
         """``t`` = (start, scheduled, prepared, forwarded, sampled, end) in perf_counter_ns."""
         engine = self.engine
@@ -211,6 +220,7 @@ class Recorder:
         )
         self.steps.append(record)
         self.num_steps_recorded += 1
+        self._last_counts = (record.num_running, record.num_waiting)
         self._publish(record)
         return record
 

@@ -1,5 +1,5 @@
-"""The benchmarks still run: each one on its tiny ``--quick`` configuration, in a subprocess, exactly as
-a person would start it. No timing is asserted (a shared CI machine cannot promise any); the output
+"""The benchmarks still run (throughput, memory, speedups, overhead): each on its tiny ``--quick`` configuration,
+in a subprocess, exactly as a person would start it. No timing is asserted (a shared CI machine cannot promise any); the output
 must still say what it claims: every system ran, the tokens agree, the figures parse, ratios come last.
 """
 
@@ -18,11 +18,20 @@ pytestmark = pytest.mark.slow
 
 
 def run_benchmark(script: str, *args: str) -> list[str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
-               OMP_WAIT_POLICY="PASSIVE")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_WAIT_POLICY="PASSIVE",
+    )
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [line for line in proc.stdout.splitlines() if line.strip()]
@@ -38,7 +47,9 @@ def test_throughput_quick():
     agreements = re.findall(r"^tokens kvscope vs (.+?): (\d+)/(\d+) requests identical", text, re.M)
     assert len(agreements) == 3
     for peer, same, total in agreements:
-        assert same == total == "8", f"kvscope and {peer} disagree on {int(total) - int(same)} requests:\n{text}"
+        assert same == total == "8", (
+            f"kvscope and {peer} disagree on {int(total) - int(same)} requests:\n{text}"
+        )
     assert "kvscope identical across its 2 runs: True" in text
     # the ratios come last: per peer, per wall-clock second and per CPU-second, positive numbers
     ratios = [re.match(r"RATIO kvscope/(.+?) (wall|cpu) = ([0-9.]+)x", line) for line in lines[-4:]]
@@ -52,8 +63,14 @@ def test_throughput_quick():
 def test_memory_quick():
     lines = run_benchmark("memory.py")
     text = "\n".join(lines)
-    ratios = [re.match(r"RATIO (\w+): static/paged KV bytes \(mean\) = ([0-9.]+)x; concurrency paged/static "
-                       r"= ([0-9.]+)x; paged waste = ([0-9.]+)%", line) for line in lines[-2:]]
+    ratios = [
+        re.match(
+            r"RATIO (\w+): static/paged KV bytes \(mean\) = ([0-9.]+)x; concurrency paged/static "
+            r"= ([0-9.]+)x; paged waste = ([0-9.]+)%",
+            line,
+        )
+        for line in lines[-2:]
+    ]
     assert all(ratios), f"the last lines are not the ratios:\n{lines[-3:]}"
     assert [m.group(1) for m in ratios] == ["short", "avg512"]
     for m in ratios:
@@ -61,7 +78,31 @@ def test_memory_quick():
         assert static_over_paged > 1  # max-length reservations hold more than the pages in use
         assert concurrency > 1  # the same budget runs more requests at once when paged
         assert 0 <= waste < 50
-    row = re.search(r"^\| waste: paged \(unfilled slots / allocated\) +\| ([0-9.]+)% +\| ([0-9.]+)%", text, re.M)
+    row = re.search(
+        r"^\| waste: paged \(unfilled slots / allocated\) +\| ([0-9.]+)% +\| ([0-9.]+)%", text, re.M
+    )
     static = re.search(r"^\| waste: static max-length +\| ([0-9.]+)% +\| ([0-9.]+)%", text, re.M)
     assert row and static
     assert all(float(p) < float(s) for p, s in zip(row.groups(), static.groups()))
+
+
+def test_speedups_quick():
+    lines = run_benchmark("speedups.py", "--threads", "1")
+    assert "greedy tokens identical across variants: True" in lines
+    ratios = [re.match(r"RATIO (.+?) / before: wall ([0-9.]+)x, cpu ([0-9.]+)x", line) for line in lines[-3:]]
+    assert all(ratios), f"the last lines are not the ratios:\n{lines[-4:]}"
+    assert [m.group(1) for m in ratios] == ["buckets", "plan once", "+ bmm prefill"]
+
+
+def test_overhead_quick():
+    lines = run_benchmark("overhead.py", "--model", "llama-quick", "--threads", "1", "--repeats", "1")
+    rows = {
+        m.group(1).strip(): m
+        for m in (re.match(r"^(.+?)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s", line) for line in lines)
+        if m
+    }
+    for mode in ("telemetry off", "telemetry on", "live dashboard attached (headless)"):
+        assert mode in rows, f"no row for {mode}:\n{lines[-6:]}"
+        assert float(rows[mode].group(2)) > 0
+    assert float(rows["telemetry off"].group(3)) == 1.0
+    assert re.match(r"recorder: \d+ us CPU per step = [0-9.]+% of the steps' CPU time", lines[-1])

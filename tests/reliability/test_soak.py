@@ -12,6 +12,7 @@ from collections import Counter
 from kvscope import Engine, SamplingParams
 
 NUM_REQUESTS = 300
+COUNTS: dict[str, int] = {}  # what the soak did (figures for docs/reliability.md)
 
 
 def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
@@ -32,7 +33,9 @@ def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
         for _ in range(rng.choice([0, 0, 1, 2, 5])):  # bursty arrivals
             if pending:
                 i = pending.pop(0)
-                ids[engine.add_request(prompts[i], params[i])] = i
+                # own ids: the random choices below sort by id, so ids from the process-wide counter
+                # would make the soak depend on how many requests earlier tests made
+                ids[engine.add_request(prompts[i], params[i], request_id=f"soak-{i}")] = i
         if rng.random() < 0.08 and engine.requests:
             live = sorted(engine.requests)
             mid_prefill = [
@@ -52,6 +55,9 @@ def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
     assert engine.pool.num_free_blocks == engine.pool.num_blocks  # back to the baseline
     assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
     phases = Counter(aborted.values())
+    COUNTS.update(requests=NUM_REQUESTS, steps=engine.step_index, aborted=len(aborted),
+                  **{f"aborted while {k}": v for k, v in sorted(phases.items())},
+                  preemptions=engine.scheduler.num_preemptions, prefix_cache_hit_tokens=engine.pool.prefix_cache_hits)
     assert phases["prefill"] > 0 and phases["decode"] > 0, phases
     assert engine.scheduler.num_preemptions > 0 and engine.pool.prefix_cache_hits > 0
 

@@ -1,0 +1,48 @@
+"""Shared setup of the reliability tests: one torch thread, the helpers module on the path, and the
+greedy reference outputs that "a new run after the interrupt still works" is checked against."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from reliability_util import FIGURES, reference_tokens, workload
+
+from kvscope.workload import WorkItem
+
+torch.set_num_threads(1)  # a shared 2-core machine: no spinning intra-op threads
+
+
+@pytest.fixture(scope="session")
+def after_items() -> list[WorkItem]:
+    """The small workload every "a new run afterwards" check runs."""
+    return workload(3, out=6, seed=11)
+
+
+@pytest.fixture(scope="session")
+def after_reference(after_items) -> list[list[int]]:
+    """What ``after_items`` must produce: each request alone, on a fresh engine."""
+    return reference_tokens(after_items)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures of docs/reliability.md: what the state machine, the soak, the fuzzers and the
+    tests here tried in this run (each module's ``COUNTS``, and ``FIGURES``)."""
+    here = os.path.dirname(__file__)
+    lines = []
+    for module in list(sys.modules.values()):
+        counts = getattr(module, "COUNTS", None)
+        if isinstance(counts, dict) and os.path.dirname(getattr(module, "__file__", "") or "") == here:
+            name = os.path.basename(module.__file__).removesuffix(".py")
+            lines.append(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    if FIGURES:
+        lines.append("other reliability tests: " + ", ".join(f"{k} {v:,}" for k, v in sorted(FIGURES.items())))
+    if lines:
+        terminalreporter.section("kvscope reliability figures")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)
