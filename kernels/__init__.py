@@ -14,19 +14,26 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from . import reference
+from . import reference, torch_paged
 
 BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True, slots=True)
 class KernelBackend:
+    """The kernels of one backend. ``build_plan``/``run_plan``, when present, split paged attention
+    into work done once per step (from the batch's shape) and work done per layer; the engine uses
+    them instead of ``paged_attention`` (the torch backend has them, see ``torch_paged.py``)."""
+
     name: str
     store_kv: Callable[..., None]
     paged_attention: Callable[..., torch.Tensor]
+    build_plan: Callable[..., Any] | None = None
+    run_plan: Callable[..., torch.Tensor] | None = None
 
 
 def triton_interpreter_on() -> bool:
@@ -41,7 +48,9 @@ def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        return KernelBackend("torch", reference.store_kv, reference.paged_attention)
+        return KernelBackend(
+            "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_paged.run_plan
+        )
     if device.type != "cuda" and not triton_interpreter_on():
         raise ValueError(
             f"attention_backend='triton' on a {device.type} device needs Triton's interpreter: "

@@ -18,7 +18,7 @@ import torch
 from transformers import AttentionInterface
 
 from .kernels import KernelBackend
-from .kernels.torch_paged import AttentionPlan, run_plan
+from .kernels.torch_paged import AttentionPlan
 
 ATTN_NAME = "kvscope"
 
@@ -63,14 +63,11 @@ def kvscope_attention(
     k = key[0].transpose(0, 1)  # [T, Hkv, D]
     v = value[0].transpose(0, 1)
     key_cache, value_cache = meta.kv_caches[module.layer_idx]
-    if meta.plan is not None:  # the torch path, planned once per step; every slot is valid (>= 0)
-        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
-        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(key_cache.dtype))
-        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(value_cache.dtype))
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D] contiguous: the model reshapes it
-        run_plan(meta.plan, q, key_cache, value_cache, scaling, out, k, v)
-        return out.unsqueeze(0), None  # [1, T, Hq, D]
     meta.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+    if meta.plan is not None:  # planned once per step by the runner, reused by every layer
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D] contiguous: the model reshapes it
+        meta.backend.run_plan(meta.plan, q, key_cache, value_cache, scaling, out, k, v)
+        return out.unsqueeze(0), None  # [1, T, Hq, D]
     out = meta.backend.paged_attention(
         q,
         key_cache,

@@ -10,7 +10,6 @@ import torch
 from .attention import AttentionMetadata
 from .config import ModelSpec
 from .kernels import KernelBackend
-from .kernels.torch_paged import build_plan
 from .request import Request
 from .sampler import sample
 from .scheduler import SchedulerOutput
@@ -105,9 +104,9 @@ class ModelRunner:
         seq_lens_list = seq_lens.tolist()
         block_tables_t = torch.from_numpy(block_tables).to(dev)
         plan = None
-        if self.backend.name == "torch":
+        if self.backend.build_plan is not None:
             spec = self.spec
-            plan = build_plan(block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
+            plan = self.backend.build_plan(block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
                               spec.num_heads // spec.num_kv_heads, spec.dtype, spec.num_kv_heads * spec.head_dim)
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),

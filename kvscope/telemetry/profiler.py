@@ -144,10 +144,12 @@ class Profiler:
         self._fallback_offset = time.time_ns() - time.perf_counter_ns()
         runner = self.engine.runner
         self._saved_backend = runner.backend
+        backend = runner.backend
         runner.backend = replace(
-            runner.backend,
-            store_kv=_ranged("kvscope.store_kv", runner.backend.store_kv),
-            paged_attention=_ranged("kvscope.paged_attention", runner.backend.paged_attention),
+            backend,
+            store_kv=_ranged("kvscope.store_kv", backend.store_kv),
+            paged_attention=_ranged("kvscope.paged_attention", backend.paged_attention),
+            run_plan=_ranged("kvscope.paged_attention", backend.run_plan) if backend.run_plan else None,
         )
         self._unsubscribe = self.recorder.subscribe(self._on_record)
         self.prof.start()
