@@ -16,8 +16,10 @@ Threading rules (jupyter_bokeh and ipykernel):
   series stream with ``rollover`` so memory stays bounded in the kernel and in the browser.
 - Figures are built once; updates are ``stream`` / ``patch`` / small property changes.
 - jupyter_bokeh sends updates as custom widget messages, which a browser drops until the widget's
-  view exists; after each display the whole state is re-sent now and then until every view has
-  confirmed it rendered (``transport.ViewReadiness``), so a slow page never keeps a broken plot.
+  view exists, and a view created between the parts of one message ignores every later one. So
+  from each display until the browser reports the new views, each widget holds its patches and
+  then sends them as one; if no view is reported within a couple of seconds it sends its whole
+  state instead (``transport.ViewGate``). No full state is sent while patches flow to a view.
 - Comm messages sent from a background thread reach the browser while the kernel is idle, and
   button clicks are delivered only while it is idle; that is why the magic returns at once.
 
@@ -41,7 +43,7 @@ from bokeh.models import CustomJS
 from .feed import Feed, Tick
 from .panels import DEFAULT_ROLLOVER, apply_tick, build_panels
 from .stats import LatencyStats
-from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink, ViewReadiness
+from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink
 
 _bokehjs_loaded = False
 
@@ -111,7 +113,6 @@ class Dashboard:
         self._widget = None
         self._bokeh_models: list = []
         self._displays = 0
-        self.views = ViewReadiness()
         self.pacer = Pacer()
         self.num_ticks = 0
         self.finished = False
@@ -139,8 +140,6 @@ class Dashboard:
                         sender.end_batch()
                 self.num_ticks += 1
                 self.pacer.sent()
-                if self.views.due():  # views not confirmed yet: patches may have been dropped
-                    self.sync_state()
             if final:
                 self.finished = True
                 self.sync_state()
@@ -160,7 +159,7 @@ class Dashboard:
                 finished = done()  # read before polling, so the last tick sees every record
                 if finished:
                     break
-                if self.pacer.may_send(self.num_ticks, self.views, self._bokeh_models):
+                if self.pacer.may_send(self.num_ticks, self._bokeh_models):
                     self.tick()
                 self._halt.wait(1.0 / self.refresh_hz)
             self.tick(final=True)
@@ -185,7 +184,7 @@ class Dashboard:
         """Re-send each figure whole as widget state (what a saved notebook keeps)."""
         with self._lock:
             for model in self._bokeh_models:
-                model.update_from_model(model._model)
+                model.send_snapshot()
 
     # ---- widgets ----------------------------------------------------------------------------------------
     @property
@@ -198,9 +197,8 @@ class Dashboard:
 
             ensure_bokehjs()
             with self._lock:
-                self._widget, self._bokeh_models, self._status = build_layout(self, self.views.mark)
+                self._widget, self._bokeh_models, self._status = build_layout(self)  # each awaits a view
                 self._senders = list(self._bokeh_models)
-                self.views.expect(self._bokeh_models)
             self._show_status()
         return self._widget
 
@@ -214,13 +212,12 @@ class Dashboard:
         self.refresh_hz = min(max(float(hz), 0.5), 10.0)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        """Each display makes new views, which render the widgets' state and then take patches: bring
-        that state up to date first, and re-send it until the new views confirm (``ViewReadiness``)."""
+        """Each display makes a new view of every widget: the widgets hold their patches until the
+        browser reports it (``transport.ViewGate``; the first display's view is awaited from the start)."""
         widget = self.widget
         if self._displays:
-            with self._lock:
-                self.sync_state()
-                self.views.expect(self._bokeh_models)
+            for model in self._bokeh_models:
+                model.expect_view()
         self._displays += 1
         return widget._repr_mimebundle_(include=include, exclude=exclude)
 

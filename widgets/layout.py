@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+import threading
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 from jupyter_bokeh import BokehModel
 
-from .transport import PatchBatcher, parse_ack
+from .transport import ViewGate, parse_ack
 
 if TYPE_CHECKING:
     from .dashboard import Dashboard
@@ -19,30 +19,35 @@ REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the con
 ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",))
 
 
-class _OneWayBokehModel(PatchBatcher, BokehModel):
+class _OneWayBokehModel(ViewGate, BokehModel):
     """A ``BokehModel`` whose documents only the kernel writes, sending one message per tick.
 
     - Inbound: jupyter_bokeh 4.1 sends every change of the browser's copy of a document back to the
       kernel, including the changes the kernel itself just sent: each ``stream`` comes back and,
       applied again, would duplicate the streamed rows in the kernel (seen in JupyterLab: twice the
       rows, steps out of order). Nothing in the kernel needs browser-side state (pan and zoom are the
-      browser's business), so inbound changes are dropped; only ``document_ready`` and the tick
-      acknowledgements of ``transport.ACK_JS`` are noted.
-    - Outbound: a tick's events go out as one PATCH-DOC message (``transport.PatchBatcher``).
+      browser's business), so inbound changes are dropped; only the tick acknowledgements of
+      ``transport.ACK_JS`` are noted.
+    - Outbound: a tick's events go out as one PATCH-DOC message, and only while no view of the widget
+      can be in creation (``transport.ViewGate``). ``_view_count = 0`` makes ipywidgets report each
+      view the browser creates, which is when the gate learns that the view it waits for is there.
     """
 
-    def __init__(self, model, on_ready: Callable[[BokehModel], None]) -> None:
-        self._on_ready = on_ready
+    def __init__(self, model, lock: threading.RLock) -> None:
         self.acked = -1  # the last tick the browser has applied (see transport.ACK_JS)
-        super().__init__(model)
+        self.init_gate(lock)
+        super().__init__(model, _view_count=0)
+        self.observe(self._views_changed, names="_view_count")
+
+    def _views_changed(self, change: dict[str, Any]) -> None:
+        if (change["new"] or 0) > (change["old"] or 0):  # a view was created (shell thread)
+            self.view_arrived()
 
     def _sync_model(self, model, content: dict[str, Any], buffers: list[Any]) -> None:
         data = content.get("msg_data")
         if content.get("kind") != "MessageSent" or not isinstance(data, dict):
             return  # a change of the browser's copy (or an echo of ours): not applied
-        if data.get("name") == "document_ready":
-            self._on_ready(self)
-        elif data.get("name") == "menu_item_click":
+        if data.get("name") == "menu_item_click":
             tick = parse_ack(data.get("values"))
             if tick is not None:
                 self.acked = max(self.acked, tick)
@@ -106,9 +111,9 @@ def _controls(dash: Dashboard) -> list[w.Widget]:
     return [stop, pause, refresh, *dash.extra_controls]
 
 
-def build_layout(dash: Dashboard, on_ready: Callable[[BokehModel], None]) -> tuple[w.VBox, list[BokehModel], w.HTML]:
+def build_layout(dash: Dashboard) -> tuple[w.VBox, list[BokehModel], w.HTML]:
     """(the whole layout, the BokehModels, the status line). Called under the dashboard's lock."""
-    models = {p.name: _OneWayBokehModel(p.model, on_ready) for p in dash.panels}
+    models = {p.name: _OneWayBokehModel(p.model, dash._lock) for p in dash.panels}
     status = w.HTML(layout=w.Layout(margin="0 0 0 12px"))
     header = w.HBox([*_controls(dash), status], layout=w.Layout(align_items="center"))
     wrap = w.Layout(flex_flow="row wrap")  # side-by-side panels stack when the output area is narrow

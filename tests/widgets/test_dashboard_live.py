@@ -8,7 +8,7 @@ import time
 
 import pytest
 from kvscope.widgets.report import Replay
-from kvscope.widgets.transport import Pacer, ViewReadiness, parse_ack
+from kvscope.widgets.transport import Pacer, ViewGate, parse_ack
 
 from kvscope import Engine
 from kvscope.live import LiveRun
@@ -69,8 +69,8 @@ def test_memory_stays_bounded_past_the_rollover():
 
 
 def test_widget_dashboard_without_a_browser_still_updates_and_syncs():
-    """With widgets built but no frontend (no view ever confirms), ticks slow to one a second and
-    the full state is re-sent now and then; the end state is in the widgets' synced state."""
+    """With widgets built but no frontend (no view is ever reported), the patches are held and the
+    full state is sent instead now and then; the end state is in the widgets' synced state."""
     run = _live(4, 40, delay=0.02)
     dash = run.dashboard
     bundle = dash._repr_mimebundle_()
@@ -82,21 +82,84 @@ def test_widget_dashboard_without_a_browser_still_updates_and_syncs():
     assert all(button.disabled for button in dash._buttons)
 
 
+class _Widget(ViewGate):
+    """A stand-in for the BokehModel: records the patch parts and the state sends."""
+
+    def __init__(self):
+        from bokeh.document import Document
+        from bokeh.models import Div
+
+        self.div, self.parts, self.states = Div(text="0"), [], 0
+        doc = Document()
+        doc.add_root(self.div)
+        self._model = self.div
+        self.init_gate(threading.RLock())
+        doc.on_change_dispatch_to(self)
+
+    def send(self, content, buffers=None):
+        self.parts.append(content)
+
+    def update_from_model(self, model):
+        self.states += 1
+
+    def patches(self) -> list[list[str]]:
+        """The texts each complete PATCH-DOC sets, in order (parts come in threes: no buffers here)."""
+        import json
+
+        assert len(self.parts) % 3 == 0
+        return [[e["new"] for e in json.loads(self.parts[i + 2]["payload"])["events"]]
+                for i in range(0, len(self.parts), 3)]
+
+
+def test_patches_wait_for_the_view():
+    """transport.ViewGate: no patch part goes out until the awaited view is reported; then the held
+    events go out as one PATCH-DOC, later ones at once; a re-display holds again and brings every view
+    to the whole state; without a view the state is sent instead after ``max_hold_s``."""
+    w = _Widget()
+    w.div.text = "1"
+    w.div.text = "2"
+    assert w.parts == [] and not w.gate_open  # held: the view may be in creation
+    w.view_arrived()
+    assert w.gate_open and w.patches() == [["1", "2"]] and w.states == 0
+    w.div.text = "3"
+    assert w.patches()[-1] == ["3"]
+    w.view_arrived()  # a view nobody announced (a reloaded page): it gets the whole state
+    assert w.states == 1 and len(w.patches()) == 2
+    w.div.text = "4"
+    w.expect_view()  # displayed twice more: both new views must be there
+    w.expect_view()
+    w.div.text = "5"
+    w.view_arrived()
+    w.div.text = "6"
+    assert len(w.patches()) == 3 and w.states == 1
+    w.view_arrived()  # the old view has "4", the new ones not: the whole state, then patches again
+    assert w.states == 2 and len(w.patches()) == 3
+    w.div.text = "7"
+    assert w.patches()[-1] == ["7"]
+
+    w = _Widget()
+    w.max_hold_s = 0.0
+    w.div.text = "1"  # no view comes: the state is sent, nothing held
+    assert w.states == 1 and w.parts == [] and w._held == []
+    w.max_hold_s = 60.0
+    w.div.text = "2"
+    w.view_arrived()
+    assert w.patches() == [["2"]]  # only what came after that state
+
+
 def test_pacing_waits_for_the_browser():
     class Model:
         acked = -1
+        gate_open = False
 
-    views, pacer, models = ViewReadiness(interval_s=0.0), Pacer(max_in_flight=2, slow_interval_s=60), [Model(), Model()]
-    assert pacer.may_send(5, views, [])  # no widgets: never wait
-    views.expect(models)
+    pacer, models = Pacer(max_in_flight=2, slow_interval_s=60), [Model(), Model()]
+    assert pacer.may_send(5, [])  # no widgets: never wait
     pacer.sent()
-    assert not pacer.may_send(1, views, models)  # views not confirmed: the slow pace
-    assert views.due()  # ... and the state is re-sent
+    assert not pacer.may_send(1, models)  # views not there yet: the slow pace
     for m in models:
-        views.mark(m)
-    assert views.confirmed and views.due() and not views.due()  # one last full send, then patches only
+        m.gate_open = True
     models[0].acked = models[1].acked = 3
-    assert pacer.may_send(5, views, models) and not pacer.may_send(6, views, models)
+    assert pacer.may_send(5, models) and not pacer.may_send(6, models)
     assert parse_ack({"type": "map", "entries": [["item", "kvscope-ack:17"]]}) == 17
     assert parse_ack({"item": "something else"}) is None
 
