@@ -43,18 +43,30 @@ LLAMA_QUICK = dict(LLAMA_60M, hidden_size=128, intermediate_size=256, num_hidden
                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=2048)
 
 
-def passive_omp() -> None:
-    """Re-run this script with ``OMP_WAIT_POLICY=PASSIVE`` unless the variable is set already.
+OMP_WAIT_CHOICES = ("default", "passive", "active")
 
-    OpenMP threads that wait for each other by spinning (libgomp's default) collapse on a machine
-    shared with other work: a parallel region waits for whichever thread was descheduled, and the
-    spinning one eats the core the other needs. On the 2-core development machine under load, torch
-    ops ran 3-5x slower with 2 threads than with 1 that way, and as fast or faster when passive. The
-    setting applies to every system in the process alike. It must be set before OpenMP starts,
-    hence the re-exec; ``OMP_WAIT_POLICY=ACTIVE python ...`` keeps the default.
+
+def add_omp_wait_option(parser) -> None:
+    parser.add_argument("--omp-wait", choices=OMP_WAIT_CHOICES, default="default",
+                        help="OpenMP's wait policy for every system: default (as the environment says; unset: "
+                             "libgomp spins briefly, then sleeps), passive (sleep at once: for a machine shared with other work) or active")
+
+
+def set_omp_wait(policy: str) -> None:
+    """Re-run this script with ``OMP_WAIT_POLICY`` set for ``policy`` (``default``: the environment as it is).
+
+    How OpenMP threads wait between parallel regions decides what a second thread is worth. On a quiet
+    machine libgomp's default (spin a little, then sleep) is best: a step of many small ops would pay
+    a wake-up (~40 us on the 2-core VM) for each with ``passive``, which made 2 threads slower than 1
+    for small gathers. On a machine shared with other work, spinning threads collapse: a parallel
+    region waits for whichever thread was descheduled, and the spinning one eats the core the other
+    needs (torch ops ran 3-5x slower with 2 threads than 1 under load average 4-10); ``passive``
+    avoids that. ``active`` spins forever: an idle thread team of one caller then starves the threads
+    of another (HF continuous batching, whose loop runs on its own thread, halved). The setting is
+    process-wide and must be in place before OpenMP starts, hence the re-exec.
     """
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if policy != "default" and os.environ.get("OMP_WAIT_POLICY") != policy.upper():
+        os.environ["OMP_WAIT_POLICY"] = policy.upper()
         os.execv(sys.executable, [sys.executable, *sys.argv])
 
 

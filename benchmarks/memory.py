@@ -26,7 +26,7 @@ import argparse
 import sys
 
 import torch
-from harness import build_model, machine_line, make_workload, median, passive_omp, table
+from harness import add_omp_wait_option, build_model, machine_line, make_workload, median, set_omp_wait, table
 
 from kvscope import Engine
 from kvscope.config import cdiv
@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="tiny model, small workloads, max_model_len 256")
+    add_omp_wait_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.max_model_len, args.static_seqs = "llama-quick", 256, 4
@@ -94,7 +95,7 @@ def mib(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    passive_omp()
+    set_omp_wait(args.omp_wait)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, desc = build_model(args.model, args.seed)

@@ -4,7 +4,8 @@
     python benchmarks/overhead.py --quick    # a smaller workload, 3 repeats
     python benchmarks/overhead.py --model tiny --threads 1 --json out.json
 
-The model and workload are those of ``benchmarks/throughput.py`` (``harness.py``).
+The model, workload and engine settings are those of ``benchmarks/throughput.py`` (``harness.py``,
+``systems.py``); each run starts with an empty prefix cache.
 
 Each mode gets its own engine over one shared model. Runs are interleaved (off, on, on, off, ...) so
 that drift of a shared machine hits every mode alike; the figure is the median of the repeats.
@@ -13,9 +14,10 @@ on a machine shared with other work the wall-clock figure swings with their load
 much less (with ``--threads 1`` especially). Last, the recorder's own time per step (``record_step``
 timed directly) is the cost itself, free of run-to-run noise.
 
-Extension point: ``MODES`` lists what is compared. A mode is a name, whether the engine records,
-and an optional ``attach(engine)`` called before each timed run that returns a ``detach()``; e.g. the
-dashboard adds ``Mode("live dashboard (headless)", True, attach=...)`` to get a third column.
+``MODES`` lists what is compared: a name, whether the engine records, and an optional
+``attach(engine)`` called before each timed run that returns a ``detach()``. The third mode attaches
+the live dashboard headless (``kvscope.widgets.dashboard.attach_headless``): its update thread
+ticks at the default rate and serializes every tick's Bokeh patch as a browser would be sent it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from harness import build_model, make_workload, passive_omp
+from harness import add_omp_wait_option, build_model, make_workload, set_omp_wait
+from systems import KvscopeSystem
 
 from kvscope import Engine
 from kvscope.workload import WorkItem
@@ -52,10 +55,10 @@ except ImportError:  # pragma: no cover - bokeh / ipywidgets missing
     pass
 
 
-def make_engines(model_name: str, block_size: int) -> dict[str, Engine]:
-    """One engine per mode, all over one shared model (no tokenizer: the workload is token ids)."""
-    model, _ = build_model(model_name)
-    kwargs = dict(block_size=block_size, num_blocks=2048, max_model_len=512)
+def make_engines(model: torch.nn.Module, work: list[WorkItem], block_size: int) -> dict[str, Engine]:
+    """One engine per mode, all over one shared model, configured as the throughput benchmark's
+    (``systems.KvscopeSystem``: a pool that holds the whole workload, 1024-token budget, 64 sequences)."""
+    kwargs = KvscopeSystem(model, work, block_size).kwargs
     return {m.name: Engine(model, telemetry=m.telemetry, **kwargs) for m in MODES}
 
 
@@ -63,6 +66,7 @@ def run_once(engine: Engine, mode: Mode, work: list[WorkItem]) -> tuple[float, f
     """Output tokens per wall-clock second and per CPU second of one full workload."""
     if engine.recorder is not None:
         engine.recorder.clear()
+    engine.pool.reset_prefix_cache()  # else every repeat after the first finds its prompts cached
     detach = mode.attach(engine) if mode.attach else None
     try:
         start, cpu = time.perf_counter(), time.process_time()
@@ -102,6 +106,7 @@ def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
         return out
 
     recorder.clear()
+    engine.pool.reset_prefix_cache()
     recorder.record_step, engine.step = timed_record, timed_step
     try:
         engine.generate([w.prompt for w in work], [w.params for w in work])
@@ -125,8 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", default=None, help="write the results here")
+    add_omp_wait_option(ap)
     args = ap.parse_args(argv)
-    passive_omp()
+    set_omp_wait(args.omp_wait)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -134,9 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
     repeats = args.repeats or (3 if args.quick else 5)
     prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((16, 256), (8, 128))
 
-    engines = make_engines(args.model, args.block_size)
-    model = next(iter(engines.values())).model
+    model, _ = build_model(args.model)
     work = make_workload(model, n, prompt_len, output_len, seed=0)
+    engines = make_engines(model, work, args.block_size)
     warm = make_workload(model, 4, (8, 32), (4, 8), seed=1)
     modes = {m.name: m for m in MODES}
     for name, engine in engines.items():

@@ -26,7 +26,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from harness import build_model, machine_line, make_workload, median, passive_omp, table
+from harness import add_omp_wait_option, build_model, machine_line, make_workload, median, set_omp_wait, table
 from kvscope.kernels import KernelBackend, reference, torch_paged
 from systems import workload_blocks
 
@@ -113,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny model, 8 requests, 2 rounds")
+    add_omp_wait_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.requests, args.prompt_len, args.output_len, args.rounds = "llama-quick", 8, "8-48", "4-16", 2
-    passive_omp()
+    set_omp_wait(args.omp_wait)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, desc = build_model(args.model, args.seed)

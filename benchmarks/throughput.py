@@ -26,14 +26,15 @@ import torch
 from harness import (
     MEMORY_METRIC,
     RunResult,
+    add_omp_wait_option,
     build_model,
     fmt_mib,
     fmt_ms,
     machine_line,
     make_workload,
     median,
-    passive_omp,
     pct,
+    set_omp_wait,
     table,
 )
 from systems import KvscopeSystem, hf_continuous, hf_static
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     p.add_argument("--quick", action="store_true", help="tiny model and workload: " + str(QUICK))
+    add_omp_wait_option(p)
     args = p.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
@@ -118,7 +120,7 @@ def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[Wor
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    passive_omp()
+    set_omp_wait(args.omp_wait)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

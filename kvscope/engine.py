@@ -10,13 +10,14 @@ import torch
 
 from . import attention
 from .block_pool import BlockPool
-from .config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelSpec, cdiv
+from .config import EngineConfig, ModelSpec
 from .kernels import resolve_backend
 from .kv_cache_manager import KVCacheManager
 from .models import load_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
 from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput
+from .sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
 from .telemetry.profiler import NULL_MARKS
 from .telemetry.recorder import Recorder
 from .telemetry.records import StepRecord
@@ -42,7 +43,7 @@ class Engine:
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
         self.config = config
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = _resolve_dtype(config.dtype, self.device)
+        dtype = resolve_dtype(config.dtype, self.device)
         if isinstance(model, str):
             model, loaded_tok, self.model_name = load_model(model, dtype=dtype)
             tokenizer = tokenizer or loaded_tok
@@ -56,13 +57,13 @@ class Engine:
 
         self.spec = ModelSpec.from_hf_config(model.config, dtype=dtype)
         self.spec.num_params = sum(p.numel() for p in model.parameters())
-        self.max_model_len = self._resolve_max_model_len(model.config)
+        self.max_model_len = resolve_max_model_len(config, self.spec, model.config)
         self.spec.max_model_len = self.max_model_len
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
         backend = resolve_backend(config.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.spec, config.block_size, 1, backend, self.device)
-        num_blocks = self._resolve_num_blocks()
+        num_blocks = resolve_num_blocks(config, self.spec, self.runner, self.max_model_len)
         self.runner.allocate_kv(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool)
@@ -71,67 +72,6 @@ class Engine:
         self.step_index = 0
         self.recorder: Recorder | None = Recorder(self) if config.telemetry else None
         self.phase_marks = NULL_MARKS  # record_function ranges while a Profiler window is open
-
-    # ---- sizing ----------------------------------------------------------------------------------
-    def _resolve_max_model_len(self, hf_config) -> int:
-        limit = self.spec.max_model_len
-        window = getattr(hf_config.get_text_config(), "sliding_window", None)
-        wanted = self.config.max_model_len
-        if window:
-            if wanted is not None and wanted > window:
-                raise ValueError(
-                    f"max_model_len={wanted} exceeds the model's sliding window ({window}); kvscope implements "
-                    f"full attention only, which equals sliding-window attention up to {window} tokens: "
-                    f"set max_model_len <= {window}"
-                )
-            limit = min(limit, window)
-        if wanted is not None and wanted > limit:
-            raise ValueError(f"max_model_len={wanted} exceeds what the model supports ({limit})")
-        return wanted or limit
-
-    def _resolve_num_blocks(self) -> int:
-        cfg, bs = self.config, self.config.block_size
-        per_block = self.spec.kv_bytes_per_block(bs)
-        if cfg.num_blocks is not None:
-            return cfg.num_blocks
-        if cfg.kv_cache_memory is not None:
-            budget, source = int(cfg.kv_cache_memory), f"kv_cache_memory={cfg.kv_cache_memory}"
-        elif self.device.type == "cuda":
-            budget, source = self._cuda_kv_budget(), f"{cfg.gpu_memory_utilization:.0%} of free GPU memory"
-        else:
-            needed = cfg.max_num_seqs * cdiv(self.max_model_len, bs) * per_block
-            budget, source = min(DEFAULT_CPU_KV_BYTES, needed), "the CPU default"
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV budget ({source}: {budget} bytes) cannot hold one block: a block of {bs} tokens "
-                f"over {self.spec.num_layers} layers needs {per_block} bytes; give more memory or num_blocks"
-            )
-        return num_blocks
-
-    def _cuda_kv_budget(self) -> int:
-        """Free memory after a forward pass of a full token budget, times gpu_memory_utilization."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._profile_run()
-        free, total = torch.cuda.mem_get_info(self.device)
-        activation_peak = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(
-            self.device
-        )
-        return int(free - total * (1 - self.config.gpu_memory_utilization) - activation_peak)
-
-    def _profile_run(self) -> None:
-        """One dummy step of ``max_num_batched_tokens`` prompt tokens through a scratch cache."""
-        n = min(self.config.max_num_batched_tokens, self.max_model_len)
-        bs = self.config.block_size
-        self.runner.allocate_kv(cdiv(n, bs))
-        pool = BlockPool(cdiv(n, bs), bs, enable_caching=False)
-        sched = Scheduler(self.config, KVCacheManager(pool), self.max_model_len)
-        req = Request("profile", [0] * n, SamplingParams(max_tokens=1))
-        sched.add_request(req)
-        inp = self.runner.prepare(sched.schedule())
-        self.runner.forward(inp)
-        self.runner.allocate_kv(1)
 
     # ---- requests --------------------------------------------------------------------------------
     def make_request(
@@ -396,24 +336,6 @@ class Engine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_preemptions=request.num_preemptions,
         )
-
-
-def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    try:
-        return {
-            "float32": torch.float32,
-            "fp32": torch.float32,
-            "float16": torch.float16,
-            "fp16": torch.float16,
-            "bfloat16": torch.bfloat16,
-            "bf16": torch.bfloat16,
-        }[dtype]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r} must be one of float32, float16, bfloat16 or auto") from None
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:

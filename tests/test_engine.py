@@ -2,7 +2,6 @@
 with batching, chunked prefill, prefix-cache hits, preemption and two block sizes."""
 
 import pytest
-import torch
 from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, SamplingParams
@@ -154,12 +153,3 @@ def test_runs_an_in_memory_model_with_its_tokenizer():
         "stop",
     )
     assert engine.spec.num_layers == 2 and engine.spec.num_kv_heads == 2 and engine.spec.head_dim == 16
-
-
-def test_kv_sizing_from_byte_budget():
-    engine = Engine("tiny", block_size=16, kv_cache_memory=1 << 20)
-    per_block = 2 * 2 * 2 * 16 * 4 * 16  # K and V x layers x kv heads x head dim x fp32 x block
-    assert engine.pool.num_blocks == (1 << 20) // per_block
-    assert engine.runner.kv_cache_bytes == engine.pool.num_blocks * per_block
-    assert engine.runner.kv_caches[0][0].shape == (engine.pool.num_blocks, 16, 2, 16)
-    assert torch.equal(engine.runner.kv_caches[0][0], torch.zeros_like(engine.runner.kv_caches[0][0]))
