@@ -18,42 +18,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 
-from .config import EngineConfig, parse_bytes
+from .cli_args import length_range, positive_int, size
+from .config import EngineConfig
 from .live import LiveRun, Outputs
 from .request import SamplingParams
 from .telemetry.export import unwritable
 from .workload import (
     WorkItem,
     numbered_prompts,
-    parse_range,
     prompts_workload,
     read_prompt_lines,
     synthetic_workload,
 )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _range(text: str) -> tuple[int, int]:
-    try:
-        return parse_range(text, "length range")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _out_path(text: str) -> Path:
@@ -75,13 +51,13 @@ class KVScopeMagics(Magics):
     @argument("--model", "-m", default="tiny",
               help="model: 'tiny' (random, instant), 'smollm2' (real, ~15 s to load), a local folder "
                    "or a cached Hugging Face id (default: tiny)")
-    @argument("--requests", "-n", type=_positive_int, default=None,
+    @argument("--requests", "-n", type=positive_int, default=None,
               help="number of synthetic requests (random token ids; default 16)")
     @argument("--prompts", "-p", default=None, metavar="FILE",
               help="UTF-8 text file with one prompt per line (in %%%%kvscope: the cell's lines)")
-    @argument("--prompt-len", type=_range, default=(32, 256), metavar="LO[-HI]",
+    @argument("--prompt-len", type=length_range, default=(32, 256), metavar="LO[-HI]",
               help="synthetic prompt length in tokens, drawn uniformly (default 32-256)")
-    @argument("--output-len", "--max-new-tokens", type=_range, default=None, metavar="LO[-HI]",
+    @argument("--output-len", "--max-new-tokens", type=length_range, default=None, metavar="LO[-HI]",
               help="output tokens per request, drawn uniformly (default 32-128 for synthetic requests, "
                    "64 for prompts, which may also stop at EOS)")
     @argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
@@ -93,14 +69,14 @@ class KVScopeMagics(Magics):
     @argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     @argument("--seed", type=int, default=0, help="seed of the synthetic workload and of sampling (default 0)")
     @argument_group("Engine")
-    @argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (power of 2; default 16)")
-    @argument("--num-blocks", type=_positive_int, default=None, help="KV blocks in the pool")
-    @argument("--kv-memory", type=_size, default=None, metavar="SIZE",
+    @argument("--block-size", type=positive_int, default=16, help="tokens per KV block (power of 2; default 16)")
+    @argument("--num-blocks", type=positive_int, default=None, help="KV blocks in the pool")
+    @argument("--kv-memory", type=size, default=None, metavar="SIZE",
               help="KV pool budget instead of --num-blocks, e.g. 64MiB")
-    @argument("--max-num-batched-tokens", type=_positive_int, default=None,
+    @argument("--max-num-batched-tokens", type=positive_int, default=None,
               help="token budget per step (default 1024)")
-    @argument("--max-num-seqs", type=_positive_int, default=None, help="most requests running at once (default 64)")
-    @argument("--max-model-len", type=_positive_int, default=None, help="longest sequence (default: the model's)")
+    @argument("--max-num-seqs", type=positive_int, default=None, help="most requests running at once (default 64)")
+    @argument("--max-model-len", type=positive_int, default=None, help="longest sequence (default: the model's)")
     @argument("--prefix-caching", choices=("on", "off"), default="on", help="automatic prefix caching (default on)")
     @argument("--profile", type=int, default=0, metavar="STEPS",
               help="capture STEPS steps with torch.profiler, after one warm-up step (kernel time by category)")
@@ -113,7 +89,7 @@ class KVScopeMagics(Magics):
     @argument("--html", type=_out_path, default=None, metavar="PATH",
               help="write a standalone HTML report at the end")
     @argument("--refresh", type=float, default=5.0, metavar="HZ", help="dashboard updates per second (1-10; default 5)")
-    @argument("--rollover", type=_positive_int, default=2000, metavar="STEPS",
+    @argument("--rollover", type=positive_int, default=2000, metavar="STEPS",
               help="steps kept in the dashboard's time series (default 2000)")
     @argument("--wait", "-w", action="store_true", help="block until the run is over (Ctrl-C / interrupt stops it)")
     @argument("-q", "--quiet", action="store_true", help="no dashboard and no messages")
