@@ -7,7 +7,6 @@ import time
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import kvscope
@@ -18,13 +17,6 @@ pytestmark = pytest.mark.timeout(120)
 
 SMALL = "--num-blocks 64 --prompt-len 8-24 --output-len 6-10"
 
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()  # IPython's own shell, as in a test of any magic
-    shell.run_line_magic("load_ext", "kvscope")
-    yield shell
-    shell.run_line_magic("unload_ext", "kvscope")
 
 
 def test_help_lists_every_option(ip, capsys):

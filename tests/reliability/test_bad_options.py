@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from reliability_util import FIGURES, threads_left
 
 from kvscope.cli import main
@@ -72,13 +71,6 @@ def inputs(tmp_path_factory) -> Path:
     (folder / "no-config").mkdir()
     return folder
 
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "kvscope")
-    yield shell
-    shell.run_line_magic("unload_ext", "kvscope")
 
 
 def _one_line(message: str) -> str:

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from reliability_util import FIGURES, assert_every_request_ended, assert_files_valid, tiny_engine, workload
 
@@ -33,13 +32,6 @@ def _alone(prompts: list[str], max_tokens: int) -> list[list[int]]:
     return [engine.generate([p], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0].token_ids
             for p in prompts]
 
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "kvscope")
-    yield shell
-    shell.run_line_magic("unload_ext", "kvscope")
 
 
 def test_a_too_long_prompt_in_a_cell_fails_alone(ip):

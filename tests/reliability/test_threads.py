@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from reliability_util import (
     assert_engine_clean,
@@ -109,13 +108,6 @@ def test_a_second_run_on_a_busy_engine_is_refused(after_items, after_reference):
     again = LiveRun(engine, after_items, dashboard=False).start().wait(timeout=60)  # free again
     assert [o.token_ids for o in again.outputs] == after_reference
 
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "kvscope")
-    yield shell
-    shell.run_line_magic("unload_ext", "kvscope")
 
 
 def test_two_magic_runs_at_once_in_one_kernel(ip):
