@@ -14,8 +14,13 @@ the scheme of vLLM's Triton "unified attention"):
 - K/V stream in tiles of ``TILE_N`` positions, each mapped to its page on its own
   (``block_tables[b, pos // block_size]``), so tiles need not match pages: any power-of-two block size
   works and entries past a sequence's pages are never read. Head sizes pad to a power of two (``D_PAD``).
-- Masks: key ``pos`` is visible to a row when ``pos <=`` the row's position (causal over the cached
-  prefix); a q-block reads keys ``[0, context_len + its last query + 1)``, a decode exactly ``seq_len``.
+- Masks: key ``pos`` is visible to a row when ``lo <= pos <=`` the row's position ``p`` (causal over the
+  cached prefix), ``lo = 0`` for full attention, ``p - window + 1`` for a sliding window, ``p - p % chunk``
+  for chunked local attention; a q-block reads keys ``[lo of its first query, its last query + 1)``, so
+  tiles wholly before a window are never loaded.
+- Softcapping (Gemma 2) maps each score to ``softcap * tanh(score / softcap)`` before the softmax; sinks
+  (gpt-oss) add ``exp(sink)`` of one logit per (token, head) to the softmax's denominator at the end
+  (in the merge kernel when the KV is split). The value head size may differ from the key's (``DV_PAD``).
 - Online softmax in fp32, base 2 (``scale * log2 e`` folded into the scores), with rows that see nothing
   yet guarded against NaN. ``P`` is cast to the K/V dtype for ``P @ V`` as in FlashAttention; fp32
   inputs use IEEE dots (no TF32), so fp32 matches the fp32 oracle to ~1e-6.
@@ -52,17 +57,23 @@ def _paged_attention_kernel(
     part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32     written when NUM_SPLITS > 1
     part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32 (m, l)   written when NUM_SPLITS > 1
     q_ptr,  # [T, Hq, D]
-    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] each
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] and [..., Dv]
     block_tables_ptr,  # [B, max_blocks]
     query_start_loc_ptr,  # [B + 1]
     seq_lens_ptr,  # [B]
+    sinks_ptr,  # [T, Hq] fp32 sink logits (any strides), read when HAS_SINKS
     scale_log2,  # softmax scale * log2(e)
+    scale, softcap,  # used when USE_SOFTCAP
+    window, chunk,  # sliding window / attention chunk in tokens, used when HAS_WINDOW / HAS_CHUNK
     num_seqs, num_heads,
+    stride_sink_t, stride_sink_h,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,  # query, out: token, head
     stride_k_blk, stride_k_slot, stride_k_h,  # key_cache: block, slot in block, head
     stride_v_blk, stride_v_slot, stride_v_h,  # value_cache: the same
     stride_bt,  # block_tables: sequence
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,  # head size and its power-of-two padding
+    HEAD_DIM_V: tl.constexpr, DV_PAD: tl.constexpr,  # the value's head size, padded
+    HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, USE_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_SIZE: tl.constexpr,  # tokens per page
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,  # queries per program; rows, >= BLOCK_Q * GROUP, power of two
@@ -94,11 +105,23 @@ def _paged_attention_kernel(
 
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D_PAD)
+    dims_v = tl.arange(0, DV_PAD)
     q_idx = q_block_in_seq * BLOCK_Q + rows // GROUP  # [BLOCK_M] query index within the sequence
     head = kv_head * GROUP + rows % GROUP  # [BLOCK_M] query head
     row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)  # [BLOCK_M]
     dim_ok = dims < HEAD_DIM  # [D_PAD]
+    dim_v_ok = dims_v < HEAD_DIM_V  # [DV_PAD]
     q_pos = context_len + q_idx  # [BLOCK_M] position of each row's query
+    # lo: the first key each row sees; first_pos: that of the q-block's first query (the smallest)
+    first_q = context_len + q_block_in_seq * BLOCK_Q
+    first_pos = first_q * 0
+    lo = q_pos * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, q_pos - window + 1)
+        first_pos = tl.maximum(first_pos, first_q - window + 1)
+    if HAS_CHUNK:
+        lo = tl.maximum(lo, q_pos - q_pos % chunk)
+        first_pos = tl.maximum(first_pos, first_q - first_q % chunk)
     token = (q_start + q_idx).to(tl.int64)  # [BLOCK_M] row in the flat batch
     q = tl.load(
         q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :],
@@ -108,16 +131,17 @@ def _paged_attention_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    # This q-block sees positions [0, kv_end); with NUM_SPLITS > 1 this program takes one share of the tiles.
+    # This q-block sees positions [first_pos, kv_end); with NUM_SPLITS > 1 this program takes one share of the tiles.
     kv_end = context_len + tl.minimum((q_block_in_seq + 1) * BLOCK_Q, q_len)
-    num_tiles = tl.cdiv(kv_end, TILE_N)
+    first_tile = first_pos // TILE_N
+    num_tiles = tl.cdiv(kv_end, TILE_N) - first_tile
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    tile_lo = first_tile + split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, first_tile + num_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)  # running sum of p @ V
+    acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)  # running sum of p @ V
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_k_h
     v_base = v_cache_ptr + kv_head * stride_v_h
@@ -129,40 +153,52 @@ def _paged_attention_kernel(
         v_off = page * stride_v_blk + (pos % BLOCK_SIZE) * stride_v_slot
         k_mask = dim_ok[:, None] & pos_ok[None, :]
         k = tl.load(k_base + k_off[None, :] + dims[:, None], mask=k_mask, other=0.0)  # [D_PAD, TILE_N]
-        v_mask = pos_ok[:, None] & dim_ok[None, :]
-        v = tl.load(v_base + v_off[:, None] + dims[None, :], mask=v_mask, other=0.0)  # [TILE_N, D_PAD]
+        v_mask = pos_ok[:, None] & dim_v_ok[None, :]
+        v = tl.load(v_base + v_off[:, None] + dims_v[None, :], mask=v_mask, other=0.0)  # [TILE_N, DV_PAD]
         k = k.to(q.dtype)  # fp32 when DOT_FP32
         v = v.to(q.dtype)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        if USE_SOFTCAP:
+            x = tl.dot(q, k, input_precision=DOT_PRECISION) * scale / softcap
+            s = softcap * (2.0 * tl.sigmoid(2.0 * x) - 1.0) * 1.4426950408889634  # cap * tanh(x), log2 domain
+        else:
+            s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
+        visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= lo[:, None]) & pos_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, TILE_N]
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, D_PAD]
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, DV_PAD]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     if NUM_SPLITS == 1:
+        if HAS_SINKS:  # the sink's exp joins the denominator (log2 domain, rescaled to a common max)
+            sink = tl.load(sinks_ptr + token * stride_sink_t + head * stride_sink_h, mask=row_ok, other=0.0)
+            sink = sink * 1.4426950408889634
+            m_fin = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_fin)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_fin)
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_ptr = out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
-        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+        o_ptr = out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims_v[None, :]
+        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_v_ok[None, :])
     else:
         part = (token * num_heads + head) * NUM_SPLITS + split  # [BLOCK_M] row of the scratch buffers
-        tl.store(part_acc_ptr + part[:, None] * D_PAD + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_acc_ptr + part[:, None] * DV_PAD + dims_v[None, :], acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
 def _merge_splits_kernel(
-    out_ptr,  # [T, Hq, D]
-    part_acc_ptr,  # [T, Hq, NUM_SPLITS, D_PAD] fp32
+    out_ptr,  # [T, Hq, Dv]
+    part_acc_ptr,  # [T, Hq, NUM_SPLITS, DV_PAD] fp32
     part_ml_ptr,  # [T, Hq, NUM_SPLITS, 2] fp32
-    num_heads, stride_o_t, stride_o_h,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    sinks_ptr,  # [T, Hq] fp32, read when HAS_SINKS
+    num_heads, stride_o_t, stride_o_h, stride_sink_t, stride_sink_h,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -171,9 +207,14 @@ def _merge_splits_kernel(
     m = tl.load(part_ml_ptr + part * 2)  # [NUM_SPLITS]; -inf for a segment with no keys
     l_s = tl.load(part_ml_ptr + part * 2 + 1)
     m_max = tl.max(m, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + token * stride_sink_t + head * stride_sink_h) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [NUM_SPLITS]
     acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + dims[None, :])  # [NUM_SPLITS, D_PAD]
     total = tl.sum(w * l_s, axis=0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_max)
     o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)  # [D_PAD]
     o_ptr = out_ptr + token * stride_o_t + head * stride_o_h + dims
     tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
@@ -181,6 +222,7 @@ def _merge_splits_kernel(
 
 def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out):
     _, block_size, num_kv_heads, head_dim = _check_caches(key_cache, value_cache)
+    head_dim_v = value_cache.shape[3]
     _check_float("query", query, 3, f"[num_tokens, num_heads, head_dim={head_dim}]")
     num_heads = query.shape[1]
     if query.shape[2] != head_dim:
@@ -189,8 +231,8 @@ def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, 
         _fail(
             f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads} (grouped-query attention)"
         )
-    if not 0 < head_dim <= 256:
-        _fail(f"head_dim={head_dim} is not supported: the kernel takes head sizes 1..256")
+    if not 0 < head_dim <= 256 or not 0 < head_dim_v <= 256:
+        _fail(f"head_dim={head_dim} (values: {head_dim_v}) is not supported: the kernel takes head sizes 1..256")
     if block_size & (block_size - 1):
         _fail(f"block_size={block_size} must be a power of two (8, 16, 32, 64, 128, ...)")
     _check_int("block_tables", block_tables, 2, "[num_seqs, max_blocks]")
@@ -205,11 +247,11 @@ def _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, 
     if block_tables.stride(1) != 1 or query_start_loc.stride(0) != 1 or seq_lens.stride(0) != 1:
         _fail("block_tables (last dim), query_start_loc and seq_lens must be contiguous: call .contiguous()")
     if out is not None:
-        _check_float("out", out, 3, "shaped like query")
-        if out.shape != query.shape or out.dtype != query.dtype:
-            _fail(
-                f"out is {tuple(out.shape)} {out.dtype}; it must match query: {tuple(query.shape)} {query.dtype}"
-            )
+        want = (*query.shape[:2], head_dim_v)
+        _check_float("out", out, 3, "[num_tokens, num_heads, head_dim_v]")
+        if tuple(out.shape) != want or out.dtype != query.dtype:
+            _fail(f"out is {tuple(out.shape)} {out.dtype}; it must match query (tokens, heads, dtype) with "
+                  f"the value cache's head size: {want} {query.dtype}")  # fmt: skip
     extra = {} if out is None else {"out": out}
     return _check_device(
         _paged_attention_kernel, query=query, key_cache=key_cache, value_cache=value_cache,
@@ -230,6 +272,10 @@ def paged_attention(
     query_lens: list[int] | None = None,
     seq_lens_list: list[int] | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton paged attention with the signature of ``reference.paged_attention``; returns ``out``.
 
@@ -237,7 +283,8 @@ def paged_attention(
     ``BLOCK_M``, ``seq_lens_list`` (max context) feeds the split-KV choice; ``num_decodes`` is unused.
     """
     return _launch(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-                   query_lens=query_lens, seq_lens_list=seq_lens_list, out=out)  # fmt: skip
+                   query_lens=query_lens, seq_lens_list=seq_lens_list, out=out, window=window, chunk=chunk,
+                   softcap=softcap, sinks=sinks)  # fmt: skip
 
 
 def _tile_config(elem_bytes: int, d_pad: int, group: int, decode_only: bool) -> tuple[int, int]:
@@ -249,21 +296,45 @@ def _tile_config(elem_bytes: int, d_pad: int, group: int, decode_only: bool) -> 
     return max(block_m, triton.next_power_of_2(group)), tile_n
 
 
+def _check_features(window, chunk, softcap, sinks, query) -> torch.Tensor | None:
+    """Validate the per-layer options; returns the sinks as a float32 ``[T, Hq]`` view (or None)."""
+    for name, value in (("window", window), ("chunk", chunk)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            _fail(f"{name}={value!r} must be a positive number of tokens, or None")
+    if softcap is not None and (not math.isfinite(softcap) or softcap <= 0):
+        _fail(f"softcap={softcap} must be a positive finite float, or None")
+    if sinks is None:
+        return None
+    num_tokens, num_heads = query.shape[:2]
+    if not isinstance(sinks, torch.Tensor) or sinks.device != query.device:
+        _fail(f"sinks must be a tensor on {query.device} ([num_heads] or [num_tokens, num_heads])")
+    sinks = sinks.float()
+    if sinks.dim() == 1 and sinks.shape[0] == num_heads:
+        return sinks[None, :].expand(num_tokens, num_heads)
+    if tuple(sinks.shape) != (num_tokens, num_heads):
+        _fail(f"sinks has shape {tuple(sinks.shape)}; it must be [{num_heads}] or [{num_tokens}, {num_heads}]")
+    return sinks
+
+
 def _launch(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *,
-            query_lens=None, seq_lens_list=None, out=None, num_splits=None):  # fmt: skip
+            query_lens=None, seq_lens_list=None, out=None, num_splits=None, window=None, chunk=None,
+            softcap=None, sinks=None):  # fmt: skip
     """``paged_attention`` with the split count exposed (``None``: the heuristic; tests force 1, 2, 4, ...)."""
     device = _check_inputs(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out)
     if not math.isfinite(scale) or scale <= 0:
         _fail(f"scale={scale} must be a positive finite float (usually head_dim ** -0.5)")
-    out = torch.empty_like(query) if out is None else out
+    sinks = _check_features(window, chunk, softcap, sinks, query)
     num_tokens, num_heads, head_dim = query.shape
+    head_dim_v = value_cache.shape[3]
+    out = query.new_empty(num_tokens, num_heads, head_dim_v) if out is None else out
     num_seqs, block_size, num_kv_heads = seq_lens.shape[0], key_cache.shape[1], key_cache.shape[2]
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
     d_pad = max(16, triton.next_power_of_2(head_dim))
+    dv_pad = max(16, triton.next_power_of_2(head_dim_v))
     decode_only = max(query_lens) <= 1 if query_lens else num_tokens == num_seqs
-    block_m, tile_n = _tile_config(query.element_size(), d_pad, group, decode_only)
+    block_m, tile_n = _tile_config(query.element_size(), max(d_pad, dv_pad), group, decode_only)
     block_q = block_m // group
     num_q_blocks = num_tokens // block_q + num_seqs
     if num_splits is None:
@@ -278,21 +349,26 @@ def _launch(query, key_cache, value_cache, block_tables, query_start_loc, seq_le
         _fail(f"num_splits={num_splits} must be a power of two")
     interpreted = not isinstance(_paged_attention_kernel, triton.runtime.JITFunction)
     if num_splits > 1:
-        part_acc = torch.empty(num_tokens, num_heads, num_splits, d_pad, device=device, dtype=torch.float32)
+        part_acc = torch.empty(num_tokens, num_heads, num_splits, dv_pad, device=device, dtype=torch.float32)
         part_ml = torch.empty(num_tokens, num_heads, num_splits, 2, device=device, dtype=torch.float32)
     else:
         part_acc = part_ml = out  # never touched
+    sink_arg = sinks if sinks is not None else out  # never read without HAS_SINKS
+    sink_strides = sinks.stride() if sinks is not None else (0, 0)
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
-        out, part_acc, part_ml, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-        scale * _LOG2E, num_seqs, num_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        out, part_acc, part_ml, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, sink_arg,
+        scale * _LOG2E, scale, float(softcap or 1.0), int(window or 0), int(chunk or 0), num_seqs, num_heads,
+        *sink_strides, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *key_cache.stride()[:3], *value_cache.stride()[:3], block_tables.stride(0),
-        HEAD_DIM=head_dim, D_PAD=d_pad, GROUP=group, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
+        HEAD_DIM=head_dim, D_PAD=d_pad, HEAD_DIM_V=head_dim_v, DV_PAD=dv_pad, HAS_WINDOW=bool(window),
+        HAS_CHUNK=bool(chunk), USE_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None,
+        GROUP=group, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE_N=tile_n, NUM_SPLITS=num_splits, DOT_FP32=interpreted and query.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_ml, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
+            out, part_acc, part_ml, sink_arg, num_heads, out.stride(0), out.stride(1), *sink_strides,
+            HEAD_DIM=head_dim_v, D_PAD=dv_pad, NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out

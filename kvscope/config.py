@@ -20,9 +20,50 @@ MiB = 1 << 20
 DEFAULT_CPU_KV_BYTES = 1 * GiB
 
 
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """One attention layer, as the KV cache and the kernels see it: what one call of the attention
+    function in a forward pass stores and reads (``kvscope.probe`` measures it on the model itself).
+
+    ``sliding_window``: a query at position ``p`` sees keys ``p - sliding_window + 1..p`` (transformers'
+    convention); ``attention_chunk``: keys ``p - p % attention_chunk..p`` (Llama 4's chunked attention);
+    ``softcap`` and ``sinks`` change the scores (Gemma 2's logit softcapping, gpt-oss' attention sinks).
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int = 0  # the value head size where it differs (DeepSeek's MLA); 0: head_dim
+    sliding_window: int | None = None
+    attention_chunk: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        """K and V elements one token stores in this layer."""
+        return self.num_kv_heads * (self.head_dim + self.value_dim)
+
+    @property
+    def kind(self) -> tuple:
+        """What a step's attention plan depends on (layers of one kind share a plan)."""
+        return (self.sliding_window, self.attention_chunk, self.num_heads // self.num_kv_heads,
+                bool(self.softcap) or self.sinks)  # fmt: skip
+
+
 @dataclass(slots=True)
 class ModelSpec:
-    """The shape of a decoder-only model as far as the KV cache is concerned."""
+    """The shape of a decoder-only model as far as the KV cache is concerned.
+
+    ``layers`` (one ``LayerSpec`` per attention call of a forward pass, as the engine's probe measured
+    them) is the truth where it is given: layers may differ in heads, head size and window, and the
+    scalar fields then describe the first layer. Without it (the capacity planner's known shapes) every
+    layer is ``num_kv_heads x head_dim``.
+    """
 
     num_layers: int
     num_kv_heads: int
@@ -32,6 +73,23 @@ class ModelSpec:
     max_model_len: int = 2048
     vocab_size: int = 0
     num_params: int = 0
+    layers: tuple[LayerSpec, ...] = ()
+
+    @classmethod
+    def from_layers(cls, layers: tuple[LayerSpec, ...], config: Any, dtype: torch.dtype) -> ModelSpec:
+        """The spec of a model whose attention layers were measured (``kvscope.probe``)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        first = layers[0]
+        return cls(
+            num_layers=len(layers),
+            num_kv_heads=first.num_kv_heads,
+            head_dim=first.head_dim,
+            num_heads=first.num_heads,
+            dtype=dtype,
+            max_model_len=max_positions(text),
+            vocab_size=getattr(text, "vocab_size", 0) or 0,
+            layers=tuple(layers),
+        )
 
     @classmethod
     def from_hf_config(cls, config: Any, dtype: torch.dtype | None = None) -> ModelSpec:
@@ -44,7 +102,7 @@ class ModelSpec:
             head_dim=head_dim,
             num_heads=num_heads,
             dtype=dtype or getattr(text, "dtype", None) or torch.float32,
-            max_model_len=getattr(text, "max_position_embeddings", 2048),
+            max_model_len=max_positions(text),
             vocab_size=getattr(text, "vocab_size", 0),
         )
 
@@ -54,7 +112,10 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element."""
+        """2 (K and V) x layers x KV heads x head dim x bytes per element; with ``layers``, the sum over
+        layers of KV heads x (key + value head size) x bytes."""
+        if self.layers:
+            return sum(layer.kv_elems_per_token for layer in self.layers) * self.dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def kv_bytes_per_block(self, block_size: int) -> int:
@@ -63,6 +124,20 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> int:
         return self.num_params * self.dtype_bytes
+
+
+POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
+                   "max_seq_len")  # fmt: skip
+DEFAULT_MAX_POSITIONS = 2048
+
+
+def max_positions(text_config: Any) -> int:
+    """The longest sequence a config declares (the first positive one of ``POSITION_LIMITS``), else 2048."""
+    for name in POSITION_LIMITS:
+        value = getattr(text_config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return value
+    return DEFAULT_MAX_POSITIONS
 
 
 def cdiv(a: int, b: int) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 
 from . import attention
 from .block_pool import BlockPool
 from .config import EngineConfig, ModelSpec
+from .engine_telemetry import batch_summary, run_metadata, weights_bytes, wrap_backend
 from .kernels import resolve_backend
 from .kv_cache_manager import KVCacheManager
 from .models import load_model
@@ -18,9 +20,9 @@ from .request import Request, RequestOutput, RequestStatus, SamplingParams, Stre
 from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput
 from .sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
-from .telemetry.profiler import NULL_MARKS
+from .telemetry.probes import MemoryProbe
 from .telemetry.recorder import Recorder
-from .telemetry.records import StepRecord
+from .telemetry.records import NULL_MARKS, BatchSummary, PhaseMarks, StepRecord, StepTimings
 
 Prompt = str | list[int]
 
@@ -59,7 +61,6 @@ class Engine:
         self.spec.num_params = sum(p.numel() for p in model.parameters())
         self.max_model_len = resolve_max_model_len(config, self.spec, model.config)
         self.spec.max_model_len = self.max_model_len
-        self.eos_token_ids = _eos_ids(model, tokenizer)
 
         backend = resolve_backend(config.attention_backend, self.device)
         self.runner = ModelRunner(self.model, self.spec, config.block_size, 1, backend, self.device)
@@ -67,11 +68,30 @@ class Engine:
         self.runner.allocate_kv(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool)
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len, _eos_ids(model, tokenizer))
         self.requests: dict[str, Request] = {}  # unfinished requests by id
-        self.step_index = 0
-        self.recorder: Recorder | None = Recorder(self) if config.telemetry else None
-        self.phase_marks = NULL_MARKS  # record_function ranges while a Profiler window is open
+        self.step_index = 0  # the index of the next recorded step
+        self.phase_marks: PhaseMarks = NULL_MARKS  # a Profiler window's, while one is open
+        self.recorder: Recorder | None = None
+        if config.telemetry:
+            meta = self.run_metadata()
+            memory = MemoryProbe(self.device, meta["weights_bytes"], meta["kv_pool_bytes"])
+            self.recorder = Recorder(meta, memory)
+            self.pool.listeners.append(self.recorder.block_event)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a request (unless ``ignore_eos``); the scheduler checks them."""
+        return self.scheduler.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: frozenset[int]) -> None:
+        self.scheduler.eos_token_ids = frozenset(ids)
+
+    def run_metadata(self) -> dict:
+        """What a saved run needs to be read without the engine (all JSON values; docs/telemetry.md)."""
+        return run_metadata(self.model_name, self.config, self.spec, self.runner, self.device,
+                            weights_bytes(self.model))
 
     # ---- requests --------------------------------------------------------------------------------
     def make_request(
@@ -110,8 +130,7 @@ class Engine:
         request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
-        if self.recorder is not None:
-            self.recorder.request_event("queued", request)
+        self._event("queued", request)
         return request.request_id
 
     def abort(self, request_id: str) -> bool:
@@ -120,9 +139,7 @@ class Engine:
         if request is None:
             return False
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-        self.scheduler.drop_finished_running()
-        if self.recorder is not None:
-            self.recorder.request_event("finished", request)
+        self._event("finished", request)
         return True
 
     def abort_all(self) -> None:
@@ -142,19 +159,21 @@ class Engine:
         request = Request(next_request_id(), tokens, params or SamplingParams(), prompt=text,
                           arrival_time=time.perf_counter())
         request.status, request.error = RequestStatus.FINISHED_ERROR, error
-        if self.recorder is not None:
-            self.recorder.request_event("queued", request)
-            self.recorder.request_event("finished", request)
+        self._event("queued", request)
+        self._event("finished", request)
         return request
 
     def record_state(self) -> StepRecord | None:
         """Record the engine's state if it changed since the last record without a step (requests
         aborted or failed between steps): a ``StepRecord`` with nothing scheduled and zero duration,
         under the next step index. Returns it, or ``None`` when there was nothing new to record."""
-        if self.recorder is None or not self.recorder.state_changed():
+        if self.recorder is None:
             return None
-        t = time.perf_counter_ns()
-        record = self.recorder.record_step(SchedulerOutput(), None, (t, t, t, t, t, t))
+        stats = self.scheduler.make_stats()
+        if not self.recorder.state_changed(stats):
+            return None
+        timings = StepTimings.instant(time.perf_counter_ns())
+        record = self.recorder.record_step(BatchSummary(self.step_index), timings, stats)
         self.step_index += 1  # a recorded step: keep step indices unique
         return record
 
@@ -172,13 +191,12 @@ class Engine:
         t0 = time.perf_counter_ns()
         marks = self.phase_marks
         marks.begin("schedule")
-        self.kv.cached_this_step = []
         sched = self.scheduler.schedule()
         deltas = [self._finish(r, r.status) for r in sched.failed]
         t1 = time.perf_counter_ns()
         if sched.is_empty:
             if self.recorder is not None and (sched.failed or sched.preempted):
-                self.recorder.record_step(sched, None, (t0, t1, t1, t1, t1, time.perf_counter_ns()))
+                self._record(sched, [], len(sched.failed), StepTimings(t0, t1, t1, t1, t1, time.perf_counter_ns()))
                 self.step_index += 1  # a recorded step: keep step indices unique
             return deltas
         marks.begin("prepare")
@@ -191,51 +209,69 @@ class Engine:
             marks.begin("sample")
             sampled = self.runner.sample(logits, inp)
         except BaseException as exc:
-            marks.end()
+            marks.end(self.step_index)
             self._fail_batch(sched, exc)
             raise
         t4 = time.perf_counter_ns()
         marks.begin("update")
-        for request, n in zip(sched.requests, sched.num_tokens):
-            request.num_computed_tokens += n
-        for request, token in zip(inp.sample_requests, sampled):
-            deltas.append(self._append_token(request, token))
-        self.scheduler.drop_finished_running()
-        marks.end()
+        update = self.scheduler.update_from_output(sched, inp.sample_requests, sampled)
+        running = RequestStatus.RUNNING  # what a sampled request is unless it just finished
+        for request, token in zip(update.requests, update.token_ids):
+            if request.status is running:
+                deltas.append(StreamDelta(request.request_id, request.index, token, "", False))
+            else:
+                deltas.append(StreamDelta(request.request_id, request.index, token, "", True, request.status.value))
+        for request in update.finished:
+            self.requests.pop(request.request_id, None)
+        marks.end(self.step_index)
         if self.recorder is not None:
-            self.recorder.record_step(sched, inp, (t0, t1, t2, t3, t4, time.perf_counter_ns()))
+            for request in update.requests:  # events the step's tokens caused, in sampling order
+                if len(request.output_token_ids) == 1:
+                    self._event("first_token", request)
+                if request.status is not running:
+                    self._event("finished", request)
+            timings = StepTimings(t0, t1, t2, t3, t4, time.perf_counter_ns())
+            self._record(sched, update.requests, len(update.finished) + len(sched.failed), timings)
         self.step_index += 1
         return deltas
+
+    # ---- telemetry ----------------------------------------------------------------------------------
+    def _record(self, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
+                timings: StepTimings) -> StepRecord:
+        batch = batch_summary(self.step_index, sched, sampled, num_finished)
+        return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
+
+    def _event(self, kind: str, request: Request) -> None:
+        if self.recorder is not None:
+            self.recorder.request_event(kind, request.request_id, self.step_index, request.num_prompt_tokens,
+                                        request.num_output_tokens, request.finish_reason, request.error)
+
+    def set_phase_marks(self, marks: PhaseMarks | None) -> None:
+        """Report each step's phases to ``marks`` (``begin(phase)``, ``end(step)``), or to nobody
+        with ``None``. One observer at a time: ``RuntimeError`` while another has them."""
+        if marks is not None and self.phase_marks is not NULL_MARKS:
+            raise RuntimeError("a profiling window is already open on this engine")
+        self.phase_marks = marks if marks is not None else NULL_MARKS
 
     def profile(self, num_steps: int = 3, wait: int = 0, warmup: int = 1, **kwargs):
         """Capture the next steps with torch.profiler: a started ``telemetry.profiler.Profiler``
         (also a context manager); per-step kernel time by category lands in ``StepRecord.profile``."""
         from .telemetry.profiler import Profiler
 
-        return Profiler(self, num_steps, wait=wait, warmup=warmup, **kwargs).start()
+        if self.recorder is None:
+            raise ValueError(
+                "profiling attaches its summaries to step records: create the engine with telemetry=True"
+            )
+        return Profiler(self.recorder, self.set_phase_marks, partial(wrap_backend, self.runner),
+                        cuda=self.device.type == "cuda", num_steps=num_steps, wait=wait, warmup=warmup,
+                        **kwargs).start()
 
-    def _append_token(self, request: Request, token: int) -> StreamDelta:
-        request.append_token(token)
-        params = request.sampling_params
-        if request.num_output_tokens == 1 and self.recorder is not None:
-            self.recorder.request_event("first_token", request)
-        status = None
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            status = RequestStatus.FINISHED_STOPPED
-        elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            status = RequestStatus.FINISHED_LENGTH
-        if status is None:
-            return StreamDelta(request.request_id, request.index, token, "", False)
-        delta = self._finish(request, status)
-        delta.token_id = token
-        return delta
-
+    # ---- finishing ----------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> StreamDelta:
         self.scheduler.finish(request, status, error)
         request.status = status  # failed requests were marked by the scheduler already
         self.requests.pop(request.request_id, None)
-        if self.recorder is not None:
-            self.recorder.request_event("finished", request)
+        self._event("finished", request)
         return StreamDelta(request.request_id, request.index, None, "", True, status.value)
 
     def _fail_batch(self, sched, exc: BaseException) -> None:
@@ -249,7 +285,6 @@ class Engine:
         for request in sched.requests:
             if not request.is_finished:
                 self._finish(request, status, message)
-        self.scheduler.drop_finished_running()
         self.record_state()  # the failed requests' blocks are free again
 
     # ---- convenience ---------------------------------------------------------------------------

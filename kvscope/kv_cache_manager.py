@@ -13,14 +13,19 @@ class KVCacheManager:
     Full blocks are offered to the prefix cache as soon as they are *scheduled* to be filled, not after
     the forward pass: within one forward pass every layer stores the K/V of all tokens before it
     attends, so a request scheduled later in the same step can already share them. If the forward pass
-    fails, ``rollback_step`` forgets those blocks again.
+    fails, ``rollback_step`` forgets those blocks again. ``begin_step`` (the scheduler calls it first
+    thing in ``schedule``) starts a step's list of them afresh.
     """
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self._num_offered: dict[str, int] = {}  # request id -> full blocks already offered to the cache
-        self.cached_this_step: list[KVBlock] = []
+        self.cached_this_step: list[KVBlock] = []  # blocks offered to the cache in the current step
+
+    def begin_step(self) -> None:
+        """A new step is being scheduled: the previous one's forward pass succeeded, keep its blocks."""
+        self.cached_this_step = []
 
     def blocks_of(self, request: Request) -> list[KVBlock]:
         blocks = self.pool.blocks

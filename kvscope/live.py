@@ -1,68 +1,43 @@
-"""``LiveRun``: a ``Run`` whose engine steps in a background thread while a dashboard watches.
+"""``LiveRun``: an engine stepping in a background thread while a dashboard watches; it has a ``Run``.
 
 Threads:
 
 - the **engine thread** (``kvscope-run``) is the only one that touches the engine: it builds it
   (loading a model can take seconds), submits the workload, calls ``engine.step()`` until nothing is
-  left, honours stop / pause between steps, and at the end writes the requested files;
+  left, honours stop / pause between steps, and at the end writes the requested files. It is also
+  the only writer of ``status``;
 - the **dashboard thread** (``kvscope-dashboard``, see ``widgets/dashboard.py``) is the only one
   that touches the Bokeh documents; it reads what the recorder published through a ``Feed``;
 - the **caller** (the notebook's main thread) only sets flags (``stop``, ``pause``, ``resume``) and
   reads results; ``wait`` blocks it until the run is over. A ``KeyboardInterrupt`` during ``wait``
   (Jupyter's "interrupt kernel") stops the run, waits for it to wind down, and propagates.
 
-Being a ``Run``, a live run has ``steps`` / ``requests`` DataFrames (rebuilt as records arrive),
-``summary()``, ``save_trace()``, ``save_metrics()`` and ``save_html()``.
+``run`` is the ``Run`` so far: while the engine steps, a new ``Run`` over copies of what has been
+recorded whenever more has arrived (a ``Run``'s lists never change under its cached DataFrames);
+once over, the whole run. ``steps``, ``requests``, ``summary()``, ``save_trace()``, ... read it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from .engine import Engine
+from .live_state import Outputs, RunStatus, claim_engine, release_engines, status_text
 from .request import Request, RequestOutput
-from .run import Run
-from .telemetry.records import RequestEvent, StepRecord
+from .run import Run, RunBuffer
+from .telemetry.records import PageEntry, RequestEvent, StepRecord
 from .workload import WorkItem
 
 
-@dataclass(slots=True)
-class Outputs:
-    """Files to write when the run ends (each atomically: a temp file, then a rename)."""
-
-    trace: Path | None = None
-    metrics: Path | None = None
-    html: Path | None = None
-    written: dict[str, Path] = field(default_factory=dict)  # kind -> path, once written
-    errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be written
-
-    def wanted(self) -> dict[str, Path]:
-        return {k: p for k, p in (("trace", self.trace), ("metrics", self.metrics), ("html", self.html)) if p}
-
-
-_claims = threading.Lock()
-
-
-def _claim(engine: Engine, run: LiveRun) -> None:
-    """Mark ``engine`` as driven by ``run``; refuse if another live run still drives it (two threads
-    stepping one engine would corrupt it)."""
-    with _claims:
-        owner = getattr(engine, "_live_run", None)
-        if owner is not None and owner is not run and not owner.done:
-            raise RuntimeError(
-                f"this engine is already running {owner!r}; wait for it (run.wait()) or stop it "
-                "(run.stop()) first, or give the new run its own engine"
-            )
-        engine._live_run = run
-
-
-class LiveRun(Run):
+class LiveRun:
     """A run in progress. ``LiveRun(make_engine, workload).start()``; then ``wait()``, ``stop()``,
     ``pause()`` / ``resume()``, ``outputs``, ``steps``, ``requests``; shows its dashboard in a notebook.
 
@@ -88,7 +63,6 @@ class LiveRun(Run):
         dashboard: bool = True,
         dashboard_options: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__([], [], {})
         self._make_engine = make_engine
         self._workload = workload
         self.workload: list[WorkItem] = [] if callable(workload) else list(workload)
@@ -96,15 +70,18 @@ class LiveRun(Run):
         self.step_delay = step_delay
         self.profile_steps = profile_steps
         self.engine: Engine | None = None
-        self.error: BaseException | None = None
-        self.status = "starting"
+        self.status = RunStatus.STARTING
+        self.error: BaseException | None = None  # what ended the run, if it failed
+        self.writing_files = False  # the files are being written (the run itself is over)
+        self.meta: dict[str, Any] = {}  # filled in place as the run learns it (the dashboard holds it)
         self._requests: list[Request] = []
         self._stop = threading.Event()
         self._running = threading.Event()  # cleared while paused
         self._running.set()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._capacity = 100_000
+        self._so_far = RunBuffer(self.meta)  # what the recorder published (sized to it in _build_engine)
+        self._final: Run | None = None  # the whole run, once over
         self.dashboard = None
         if dashboard:
             from .widgets.dashboard import Dashboard
@@ -118,11 +95,11 @@ class LiveRun(Run):
         if self._thread is not None:
             raise RuntimeError("this run was already started")
         if isinstance(self._make_engine, Engine):
-            _claim(self._make_engine, self)
+            claim_engine(self._make_engine, self)
         self._thread = threading.Thread(target=self._main, name="kvscope-run", daemon=True)
         self._thread.start()
         if self.dashboard is not None:
-            self.dashboard.start(lambda: self._done.is_set())
+            self.dashboard.start(self._done.is_set)
         return self
 
     def stop(self) -> None:
@@ -131,10 +108,10 @@ class LiveRun(Run):
         self._running.set()
 
     def pause(self) -> None:
-        """Hold the engine between steps until ``resume()`` (or ``stop()``)."""
+        """Hold the engine between steps until ``resume()`` (or ``stop()``); ``status`` says
+        ``paused`` from the next step boundary."""
         if not self.done:
             self._running.clear()
-            self.status = "paused"
 
     def resume(self) -> None:
         self._running.set()
@@ -147,6 +124,12 @@ class LiveRun(Run):
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def status_text(self) -> str:
+        """The status in words with its details: "failed: RuntimeError: ...", "finished · could not
+        write trace"."""
+        return status_text(self.status, self.error, self.writing_files, self.files.errors)
+
     def wait(self, timeout: float | None = None) -> LiveRun:
         """Block until the run (and its dashboard's last update) is over; returns ``self``.
 
@@ -157,7 +140,7 @@ class LiveRun(Run):
         try:
             while not self._done.wait(0.05):  # short waits keep Ctrl-C / kernel interrupts prompt
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"the run is still going after {timeout} s ({self.status})")
+                    raise TimeoutError(f"the run is still going after {timeout} s ({self.status_text})")
             if self.dashboard is not None:
                 self.dashboard.join()
         except KeyboardInterrupt:
@@ -172,6 +155,12 @@ class LiveRun(Run):
 
     # ---- results (any thread) ---------------------------------------------------------------------------
     @property
+    def run(self) -> Run:
+        """The ``Run`` so far (a new one whenever records or events have arrived), the whole run once over."""
+        final = self._final
+        return final if final is not None else self._so_far.run()
+
+    @property
     def outputs(self) -> list[RequestOutput]:
         """One ``RequestOutput`` per submitted request, in workload order (partial while running)."""
         engine = self.engine
@@ -180,7 +169,51 @@ class LiveRun(Run):
     @property
     def step(self) -> int:
         """Steps done so far."""
-        return self.records[-1].step + 1 if self.records else 0
+        return self._so_far.num_steps
+
+    # ---- what a Run has, read from ``run`` (see ``kvscope.run.Run``) ----
+    @property
+    def records(self) -> list[StepRecord]:
+        return self.run.records
+
+    @property
+    def events(self) -> list[RequestEvent]:
+        return self.run.events
+
+    @property
+    def profiler_events(self) -> list[dict[str, Any]]:
+        return self.run.profiler_events
+
+    @property
+    def t0_ns(self) -> int:
+        return self.run.t0_ns
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.run.steps
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.run.requests
+
+    def summary(self) -> dict[str, Any]:
+        return self.run.summary()
+
+    def page_map_at(self, step: int) -> list[PageEntry]:
+        return self.run.page_map_at(step)
+
+    def save_trace(self, path: str | os.PathLike) -> Path:
+        return self.run.save_trace(path)
+
+    def save_metrics(self, path: str | os.PathLike) -> Path:
+        return self.run.save_metrics(path)
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        """The HTML report of the run so far, with the prompt and output texts (``Run.save_html``)."""
+        run = self.run
+        if "texts" not in run.meta and self.engine is not None:  # still going: the texts so far
+            run = Run(run.records, run.events, {**run.meta, "texts": self._texts(self.engine)})
+        return run.save_html(path)
 
     def save_outputs(self) -> dict[str, Path]:
         """Write the files named in ``files`` now; returns those written (errors in ``files.errors``)."""
@@ -196,29 +229,20 @@ class LiveRun(Run):
     # ---- the engine thread ---------------------------------------------------------------------------
     def _collect(self, item: StepRecord | RequestEvent) -> None:
         """Recorder subscriber (engine thread): keep the item, hand it to the dashboard."""
-        if isinstance(item, StepRecord):
-            self.records.append(item)
-            if len(self.records) > 2 * self._capacity:  # as bounded as the recorder's own ring
-                del self.records[: -self._capacity]
-        else:
-            self.events.append(item)
-            if len(self.events) > 8 * self._capacity:
-                del self.events[: -4 * self._capacity]
+        self._so_far.add(item)
         if self.dashboard is not None:
             self.dashboard.feed.push(item)
 
     def _build_engine(self) -> Engine:
-        self.status = "loading model"
+        self.status = RunStatus.LOADING
         engine = self._make_engine if isinstance(self._make_engine, Engine) else self._make_engine()
         if engine.recorder is None:
             raise ValueError("a live run needs an engine with telemetry=True")
-        _claim(engine, self)
+        claim_engine(engine, self)
         engine.recorder.clear()
-        from .telemetry.recorder import run_metadata
-
-        self.meta.update(run_metadata(engine))
+        self.meta.update(engine.run_metadata())
         self.meta["t0_ns"] = time.perf_counter_ns()
-        self._capacity = engine.recorder.capacity
+        self._so_far = RunBuffer(self.meta, engine.recorder.capacity)  # the recorder's own bounds
         return engine
 
     def _main(self) -> None:
@@ -232,12 +256,11 @@ class LiveRun(Run):
             unsubscribe = engine.recorder.subscribe(self._collect)
             self._submit(engine)
             profiler = self._start_profiler(engine)
-            self.status = "running"
+            self.status = RunStatus.RUNNING
             self._loop(engine)
-            self.status = "stopped" if self._stop.is_set() else "finished"
+            self.status = RunStatus.STOPPED if self._stop.is_set() else RunStatus.FINISHED
         except BaseException as exc:  # reported by wait() and on the dashboard
-            self.error = exc
-            self.status = f"failed: {type(exc).__name__}: {exc}"
+            self.error, self.status = exc, RunStatus.FAILED
         finally:
             try:
                 if engine is not None:
@@ -245,11 +268,9 @@ class LiveRun(Run):
                     self._finish(engine, profiler, unsubscribe)
             except BaseException as exc:  # never leave wait() hanging
                 if self.error is None:
-                    self.error = exc
-                    self.status = f"failed: {type(exc).__name__}: {exc}"
+                    self.error, self.status = exc, RunStatus.FAILED
             finally:
-                if engine is not None and getattr(engine, "_live_run", None) is self:
-                    engine._live_run = None
+                release_engines(self)
                 self._done.set()
 
     def _submit(self, engine: Engine) -> None:
@@ -268,9 +289,9 @@ class LiveRun(Run):
     def _loop(self, engine: Engine) -> None:
         while engine.has_unfinished_requests() and not self._stop.is_set():
             if not self._running.is_set():
-                self.status = "paused"
+                self.status = RunStatus.PAUSED
                 self._running.wait()
-                self.status = "running"
+                self.status = RunStatus.RUNNING
                 continue
             engine.step()
             if self.step_delay:
@@ -284,7 +305,7 @@ class LiveRun(Run):
         return stack
 
     def _finish(self, engine: Engine, profiler, unsubscribe) -> None:
-        """Engine thread, last: stop profiling, adopt the recorder's snapshot, write the files."""
+        """Engine thread, last: stop profiling, adopt the recorder's snapshot as the run, write the files."""
         if profiler is not None:
             try:
                 profiler.close()
@@ -295,22 +316,22 @@ class LiveRun(Run):
         records, events, meta, profiler_events = engine.recorder.snapshot()
         meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
         meta["texts"] = self._texts(engine)
-        self.records, self.events, self.profiler_events = records, events, profiler_events
         self.meta.update(meta)
+        self._final = Run(records, events, self.meta, profiler_events)
         if self.files.wanted():
-            self.status += " · writing files"
-            self.save_outputs()
-            self.status = self.status.removesuffix(" · writing files")
-            if self.files.errors:
-                self.status += " · could not write " + ", ".join(self.files.errors)
+            self.writing_files = True
+            try:
+                self.save_outputs()
+            finally:
+                self.writing_files = False
 
     def _texts(self, engine: Engine) -> dict[str, dict[str, str | None]]:
         """Prompt and output text per request, kept in ``meta`` so saved runs (and reports) have it."""
-        from .widgets.panels_table import MAX_TEXT
+        from .widgets.panels.requests_table import MAX_TEXT
 
         texts = {}
-        for request in self._requests:
-            output = engine.decode(request.output_token_ids)
+        for request in list(self._requests):
+            output = engine.decode(list(request.output_token_ids))
             texts[request.request_id] = {"prompt": request.prompt and request.prompt[:MAX_TEXT],
                                          "output": output[:MAX_TEXT]}
         return texts
@@ -327,4 +348,5 @@ class LiveRun(Run):
         display(self)
 
     def __repr__(self) -> str:
-        return f"<LiveRun {self.meta.get('model', '?')}: {self.status}, {self.step} steps, {len(self.workload)} requests>"
+        return (f"<LiveRun {self.meta.get('model', '?')}: {self.status_text}, {self.step} steps, "
+                f"{len(self.workload)} requests>")

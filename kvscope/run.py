@@ -8,15 +8,21 @@ run.save_trace("run.json"); run.save_metrics("run.jsonl"); run.save_html("run.ht
 run = kvscope.load("run.json")       # or "run.jsonl": the same DataFrames back
 ```
 
-``Run(records, events, meta, profiler_events=None)`` only stores its arguments, so a live run (the
-dashboard's background run) can subclass it and keep appending to ``records`` / ``events``: the
-DataFrames are rebuilt whenever those lists have grown.
+``Run(records, events, meta, profiler_events=None)`` only stores its arguments; nothing in kvscope
+changes a ``Run``'s lists afterwards (a ``LiveRun`` hands out a new ``Run`` as records arrive). The
+DataFrames are cached per list lengths, so a caller who appends gets them rebuilt.
+
+Imports go one way: ``Run`` uses ``telemetry`` (which works on plain records, events and meta) and,
+for ``save_html`` / ``show`` only, ``kvscope.widgets.report`` (imported when called); neither
+imports this module.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +44,7 @@ class Run:
     - ``records``: ``list[StepRecord]`` in step order; ``events``: ``list[RequestEvent]`` in time order;
     - ``meta``: ``dict`` of JSON values: model, config, spec, ``kv_bytes_per_token``, ``max_model_len``,
       ``num_blocks``, ``block_size``, ``t0_ns`` (the perf_counter_ns that run-relative times count
-      from), ``kvscope_version``, ... (see ``telemetry.recorder.run_metadata``);
+      from), ``kvscope_version``, ... (see ``Engine.run_metadata``);
     - ``profiler_events``: torch.profiler (Kineto) events of profiled windows, Chrome-trace dicts
       whose ``ts`` is in absolute perf_counter microseconds.
     """
@@ -114,14 +120,16 @@ class Run:
     # ---- exports -------------------------------------------------------------------------------
     def save_trace(self, path: str | os.PathLike) -> Path:
         """Perfetto / Chrome trace JSON (open in ui.perfetto.dev); also loadable with ``kvscope.load``."""
-        return write_trace(self, path)
+        meta = {**self.meta, "t0_ns": self.t0_ns}  # a hand-made run may lack t0_ns
+        return write_trace(path, self.records, self.events, meta, self.profiler_events)
 
     def save_metrics(self, path: str | os.PathLike) -> Path:
         """JSON Lines: a header with ``meta``, one line per step and per request event, an end line."""
-        return write_metrics(self, path)
+        return write_metrics(path, self.records, self.events, {**self.meta, "t0_ns": self.t0_ns})
 
     def save_html(self, path: str | os.PathLike) -> Path:
-        """A standalone HTML report (``kvscope.widgets.report``)."""
+        """A standalone HTML report (``kvscope.widgets.report``, imported here: widgets never import
+        ``kvscope.run``, so the dependency goes one way)."""
         from .widgets.report import save_html
 
         return save_html(self, path)
@@ -140,6 +148,38 @@ class Run:
             + (f", {tps:.1f} output tok/s" if tps == tps else "")
             + ">"
         )
+
+
+class RunBuffer:
+    """Step records and request events as they arrive (``add``, from one thread), bounded like the
+    recorder's ring, and ``run()`` (from any thread): a ``Run`` over copies of them, the same object
+    until more has arrived, so its cached DataFrames stay valid. ``meta`` is copied into each."""
+
+    def __init__(self, meta: dict[str, Any], capacity: int = 100_000) -> None:
+        self.meta = meta
+        self._lock = threading.Lock()
+        self._records: deque[StepRecord] = deque(maxlen=capacity)
+        self._events: deque[RequestEvent] = deque(maxlen=4 * capacity)
+        self._num_added = 0
+        self._run: Run | None = None
+        self._run_at = -1  # _num_added when _run was made
+        self.num_steps = 0  # the last record's step + 1
+
+    def add(self, item: StepRecord | RequestEvent) -> None:
+        with self._lock:
+            if isinstance(item, StepRecord):
+                self._records.append(item)
+                self.num_steps = item.step + 1
+            else:
+                self._events.append(item)
+            self._num_added += 1
+
+    def run(self) -> Run:
+        with self._lock:
+            if self._run_at != self._num_added:
+                self._run = Run(list(self._records), list(self._events), dict(self.meta))
+                self._run_at = self._num_added
+            return self._run
 
 
 def load(path: str | os.PathLike) -> Run:

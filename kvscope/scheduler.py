@@ -12,7 +12,9 @@ There are no separate prefill and decode phases. Each step the scheduler hands o
    looks up its prompt in the prefix cache, then gets a chunk of what remains. A request that could
    never fit in the whole pool fails at once with a reason, so it cannot stall the queue.
 
-The result is a ``SchedulerOutput``; the engine runs it and then calls ``update_after_step``.
+The result is a ``SchedulerOutput``; the engine runs it and hands the sampled tokens back to
+``update_from_output`` (vLLM's name), which owns the step's second half: progress, new tokens, stop
+conditions, finishing. ``make_stats`` reads the counters telemetry records after each step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
+from .telemetry.records import SchedulerStats
 
 
 @dataclass(slots=True)
@@ -43,11 +46,27 @@ class SchedulerOutput:
         return not self.requests
 
 
+@dataclass(slots=True)
+class SchedulerUpdate:
+    """What ``update_from_output`` did (vLLM: ``EngineCoreOutputs``)."""
+
+    requests: list[Request] = field(default_factory=list)  # got a token this step, in sampling order
+    token_ids: list[int] = field(default_factory=list)  # the token each got
+    finished: list[Request] = field(default_factory=list)  # of those, finished by a stop condition
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv: KVCacheManager,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids  # end a request unless its params say ignore_eos
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -59,6 +78,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        self.kv.begin_step()
         out = SchedulerOutput()
         self._schedule_running(out)
         if not out.preempted:
@@ -154,6 +174,53 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     # ---- after the step --------------------------------------------------------------------------
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int]
+    ) -> SchedulerUpdate:
+        """The step ran: ``sampled[i]`` (the requests that reached the end of their known tokens)
+        got ``token_ids[i]``. Advance every scheduled request, append the tokens, and finish the
+        requests that hit a stop token, EOS, ``max_tokens`` or ``max_model_len`` (their blocks are
+        freed and they leave ``running``)."""
+        for request, n in zip(out.requests, out.num_tokens):
+            request.num_computed_tokens += n
+        finished = []
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        for request, token in zip(sampled, token_ids):
+            request.append_token(token)
+            params = request.sampling_params
+            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
+                status = RequestStatus.FINISHED_STOPPED
+            elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_len:
+                status = RequestStatus.FINISHED_LENGTH
+            else:
+                continue
+            self.finish(request, status)
+            finished.append(request)
+        return SchedulerUpdate(sampled, token_ids, finished)
+
+    def make_stats(self) -> SchedulerStats:
+        """Queue lengths, pool counts and prefix-cache counters now, in O(running requests).
+
+        ``tokens_stored``: every used block sits in the table of at least one running request, the
+        blocks of a running request cover exactly its computed tokens, and only full blocks are ever
+        shared, so each extra holder of a shared block over-counts exactly ``block_size`` tokens.
+        """
+        pool, running = self.kv.pool, self.running
+        used = pool.num_used_blocks
+        computed = sum(r.num_computed_tokens for r in running)
+        table_entries = sum(len(r.block_ids) for r in running)
+        return SchedulerStats(
+            num_running=len(running),
+            num_waiting=len(self.waiting),
+            num_blocks=pool.num_blocks,
+            blocks_used=used,
+            blocks_cached_free=pool.num_cached_free_blocks,
+            tokens_stored=computed - pool.block_size * (table_entries - used),
+            prefix_cache_queries=pool.prefix_cache_queries,
+            prefix_cache_hits=pool.prefix_cache_hits,
+            num_evictions=pool.num_evictions,
+        )
+
     def finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
         """End a request (stop, length, abort or error) and free its blocks. Idempotent."""
         if request.is_finished:

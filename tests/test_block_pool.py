@@ -26,8 +26,9 @@ def test_double_free_is_caught():
     pool = BlockPool(2, 4)
     (b,) = pool.allocate(1)
     pool.free([b])
-    with pytest.raises(AssertionError, match="freed more often"):
+    with pytest.raises(RuntimeError, match="freed more often"):
         pool.free([b])
+    assert b.ref_cnt == 0 and pool.num_free_blocks == 2  # refused before changing anything
 
 
 def test_hash_chain_depends_on_prefix_and_tokens():
@@ -142,3 +143,16 @@ def test_child_of_an_evicted_and_reused_parent_is_not_served():
     assert parent in reused and child.block_hash is not None
     pool.cache_block(parent, chain(pool, [7, 8])[0], None)  # same block object, new contents
     assert pool.find_cached_prefix(chain(pool, [7, 8, 3, 4])) == [parent]
+
+
+def test_every_reference_change_is_an_event():
+    """What telemetry's page map counts references from: hit +1, released -1 (still held), freed -> 0."""
+    pool = BlockPool(4, 2)
+    events = []
+    pool.listeners.append(lambda kind, bid: events.append((kind, bid)))
+    blocks, _ = _cache_sequence(pool, [1, 2])
+    pool.touch(blocks)  # a second holder
+    pool.free(blocks)
+    pool.free(blocks)
+    assert events == [("allocated", 0), ("cached", 0), ("hit", 0), ("released", 0), ("freed", 0)]
+    assert pool.num_cached_free_blocks == 1

@@ -233,23 +233,6 @@ def test_run_reports_failed_requests(tmp_path):
     assert (tmp_path / "small.trace.json").is_file()
 
 
-def test_run_options_match_the_magic():
-    """Every option of %kvscope that is not about the notebook display exists in `kvscope run`."""
-    from kvscope.cli import build_parser
-    from kvscope.magic import KVScopeMagics
-
-    magic_parser = KVScopeMagics.kvscope.parser
-    display_only = {"--refresh", "--rollover", "--wait", "-w", "-o", "--return-run"}
-    magic = {s for a in magic_parser._actions for s in a.option_strings} - display_only - {"-h", "--help"}
-    run = {s for a in build_parser().commands["run"]._actions for s in a.option_strings}
-    assert magic <= run, sorted(magic - run)
-    magic_defaults = vars(magic_parser.parse_args([]))
-    run_defaults = vars(build_parser().commands["run"].parse_args([]))
-    for action in magic_parser._actions:
-        if action.option_strings and not set(action.option_strings) & display_only and action.dest != "help":
-            assert run_defaults[action.dest] == magic_defaults[action.dest], action.dest
-
-
 # ---- demo ---------------------------------------------------------------------------------------------
 def check_demo_outputs(prefix: Path, stdout: str) -> object:
     """The files a demo writes, opened: a Bokeh report, a trace kvscope.load reads, a metrics file."""

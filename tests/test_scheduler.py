@@ -23,15 +23,11 @@ def req(rid, n, max_tokens=4, first=100):
     return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def fake_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
-    """What the engine does after the forward pass: advance, sample at the end, finish at max_tokens."""
-    for r, n in zip(out.requests, out.num_tokens):
-        r.num_computed_tokens += n
-        if r.num_computed_tokens == r.num_tokens:
-            r.append_token(token)
-            if r.num_output_tokens >= r.sampling_params.max_tokens:
-                sched.finish(r, RequestStatus.FINISHED_LENGTH)
-    sched.drop_finished_running()
+def fake_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> list[Request]:
+    """A step without a model: the requests that reach the end of their tokens (what the runner
+    samples) each get ``token``, handed to ``update_from_output``. Returns the finished requests."""
+    sampled = [r for r, n in zip(out.requests, out.num_tokens) if r.num_computed_tokens + n == r.num_tokens]
+    return sched.update_from_output(out, sampled, [token] * len(sampled)).finished
 
 
 def test_budget_is_shared_and_long_prompts_are_chunked():
@@ -136,3 +132,38 @@ def test_finish_and_abort_free_everything():
         fake_step(sched, sched.schedule())
     assert pool.num_free_blocks == pool.num_blocks
     assert all(b.ref_cnt == 0 for b in pool.blocks)
+
+
+def test_update_from_output_advances_appends_and_stops():
+    sched, pool = make(num_blocks=16, block_size=4, budget=64, max_model_len=9)
+    sched.eos_token_ids = frozenset([2])
+    stop = Request("stop", [10, 11, 12], SamplingParams(max_tokens=8, stop_token_ids=[5]))
+    eos = Request("eos", [20, 21, 22], SamplingParams(max_tokens=8))
+    ignore = Request("ignore", [30, 31, 32], SamplingParams(max_tokens=5, ignore_eos=True))
+    long = Request("long", [40, 41, 42, 43, 44, 45, 46, 47], SamplingParams(max_tokens=8, ignore_eos=True))
+    for r in (stop, eos, ignore, long):
+        sched.add_request(r)
+    out = sched.schedule()
+    update = sched.update_from_output(out, [stop, eos, ignore, long], [5, 2, 2, 9])
+    assert [r.num_computed_tokens for r in (stop, eos, ignore, long)] == [3, 3, 3, 8]
+    assert update.requests == [stop, eos, ignore, long] and update.token_ids == [5, 2, 2, 9]
+    assert update.finished == [stop, eos, long]  # long reached max_model_len=9
+    assert [r.finish_reason for r in (stop, eos, long)] == ["stop", "stop", "length"]
+    assert ignore.output_token_ids == [2] and not ignore.is_finished
+    assert sched.running == [ignore] and all(not r.block_ids for r in update.finished)
+    # max_tokens: ignore decodes until it has 5 outputs (8 tokens, under max_model_len)
+    while not ignore.is_finished:
+        fake_step(sched, sched.schedule(), token=2)
+    assert ignore.num_output_tokens == 5 and ignore.finish_reason == "length"
+    assert sched.running == [] and pool.num_free_blocks == pool.num_blocks
+
+
+def test_schedule_starts_a_fresh_step_for_the_kv_cache_manager():
+    """Blocks cached while scheduling belong to that step only (what a failed step rolls back)."""
+    sched, _ = make(num_blocks=16, block_size=4, budget=64)
+    sched.add_request(req("a", 8))
+    out = sched.schedule()
+    assert len(sched.kv.cached_this_step) == 2
+    fake_step(sched, out)
+    sched.schedule()  # a decode: no new full block
+    assert sched.kv.cached_this_step == []

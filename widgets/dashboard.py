@@ -5,12 +5,12 @@ Threading rules (jupyter_bokeh and ipykernel):
 - Only the dashboard's update thread changes the panels' Bokeh documents while a run is live. The
   engine thread never touches Bokeh: it only pushes records into the ``Feed`` (non-blocking).
 - jupyter_bokeh would also apply browser-side changes on the kernel's shell thread (and re-applies
-  the kernel's own streams that the browser echoes back, duplicating rows); ``layout._OneWayBokehModel``
+  the kernel's own streams that the browser echoes back, duplicating rows); ``view._OneWayBokehModel``
   drops them, so no other thread ever writes the documents. The shell thread only reads them, under
   the same lock as a tick, to re-send the whole state when the dashboard is displayed again.
 - Each tick is one batch: every document is held with ``hold("combine")`` while all panels update
   and released after (one combined event per source), and each widget sends the tick's events as
-  one message (``layout._OneWayBokehModel``).
+  one message (``view._OneWayBokehModel``).
 - Ticks are throttled (``refresh_hz``, 5 Hz by default, 1-10 Hz from the control) and paced to
   the browser (``transport.Pacer``: a slow browser gets fewer ticks, not a growing backlog); time
   series stream with ``rollover`` so memory stays bounded in the kernel and in the browser.
@@ -26,6 +26,10 @@ Threading rules (jupyter_bokeh and ipykernel):
 At the end (``final`` tick) the widgets' synced state is refreshed from the documents, so a saved
 notebook holds the finished dashboard with its data.
 
+The widgets (buttons, status line, one ``BokehModel`` per panel) belong to a ``view.DashboardView``,
+built the first time the dashboard is shown; this class owns the panels, their documents and the
+update thread, and tells the view what the status line says.
+
 ``headless=True`` builds the panels and runs the same update code with no widgets and no browser
 (for the overhead benchmark); with ``serialize=True`` it also builds the messages a live dashboard
 would send (``transport.SerializingSink``), so the measured cost matches a live dashboard's.
@@ -35,15 +39,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from bokeh.document import Document
 from bokeh.models import CustomJS
 
 from .feed import Feed, Tick
-from .panels import DEFAULT_ROLLOVER, apply_tick, build_panels
+from .panels.base import DEFAULT_ROLLOVER
+from .panels.registry import apply_tick, build_panels
 from .stats import LatencyStats
 from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink
+
+if TYPE_CHECKING:  # view.py brings ipywidgets and jupyter_bokeh: imported when first shown
+    from .view import Control, DashboardView
 
 _bokehjs_loaded = False
 
@@ -59,18 +67,6 @@ def ensure_bokehjs() -> None:
 
     output_notebook(INLINE, hide_banner=True)
     _bokehjs_loaded = True
-
-
-class Control(Protocol):
-    """What the buttons drive (``kvscope.live.LiveRun`` implements it)."""
-
-    done: bool
-    paused: bool
-    status: str
-
-    def stop(self) -> None: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
 
 
 class Dashboard:
@@ -110,8 +106,7 @@ class Dashboard:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
-        self._widget = None
-        self._bokeh_models: list = []
+        self.view: DashboardView | None = None  # the widgets, once built (never in headless mode)
         self._displays = 0
         self.pacer = Pacer()
         self.num_ticks = 0
@@ -130,7 +125,7 @@ class Dashboard:
                     doc.hold("combine")
                 try:
                     apply_tick(self.panels, self.stats, tick)
-                    if self._bokeh_models:
+                    if self.view is not None:
                         for panel in self.panels:
                             panel.model.tags = [self.num_ticks + 1]  # acknowledged by the browser
                 finally:
@@ -159,7 +154,7 @@ class Dashboard:
                 finished = done()  # read before polling, so the last tick sees every record
                 if finished:
                     break
-                if self.pacer.may_send(self.num_ticks, self._bokeh_models):
+                if self.pacer.may_send(self.num_ticks, self.view.models if self.view is not None else ()):
                     self.tick()
                 self._halt.wait(1.0 / self.refresh_hz)
             self.tick(final=True)
@@ -175,15 +170,13 @@ class Dashboard:
         """Stop the update thread (the run goes on) and close this dashboard's widgets."""
         self._halt.set()
         self.join(5)
-        if self._widget is not None:
-            from .layout import close_tree
-
-            close_tree(self._widget)
+        if self.view is not None:
+            self.view.close()
 
     def sync_state(self) -> None:
         """Re-send each figure whole as widget state (what a saved notebook keeps)."""
         with self._lock:
-            for model in self._bokeh_models:
+            for model in self.view.models if self.view is not None else ():
                 model.send_snapshot()
 
     # ---- widgets ----------------------------------------------------------------------------------------
@@ -192,21 +185,32 @@ class Dashboard:
         """The ipywidgets layout (built on first use; never in headless mode)."""
         if self.headless:
             raise RuntimeError("a headless dashboard has no widgets")
-        if self._widget is None:
-            from .layout import build_layout
+        if self.view is None:
+            from .view import DashboardView
 
             ensure_bokehjs()
             with self._lock:
-                self._widget, self._bokeh_models, self._status = build_layout(self)  # each awaits a view
-                self._senders = list(self._bokeh_models)
+                self.view = DashboardView(self.panels, self._lock, control=self.control, refresh_hz=self.refresh_hz,
+                                          on_refresh=self.set_refresh, extra_controls=self.extra_controls)
+                self._senders = list(self.view.models)  # each awaits a view
             self._show_status()
-        return self._widget
+        return self.view.box
+
+    def status_parts(self) -> list[str]:
+        """What the status line says: the run's status (or "replay"), the step shown, requests
+        finished, and an error that ended the update thread."""
+        parts = [self.control.status_text if self.control is not None else "replay"]
+        step = self.panel["page_map"].step
+        if step is not None:
+            parts.append(f"step {step}")
+        parts.append(f"{self.stats.num_finished}/{self.stats.num_requests} requests finished")
+        if self.error is not None:
+            parts.append(f"dashboard error: {self.error!r}")
+        return parts
 
     def _show_status(self) -> None:
-        if self._widget is not None:
-            from .layout import show_status
-
-            show_status(self)
+        if self.view is not None:
+            self.view.show_status(self.status_parts())
 
     def set_refresh(self, hz: float) -> None:
         self.refresh_hz = min(max(float(hz), 0.5), 10.0)
@@ -216,7 +220,7 @@ class Dashboard:
         browser reports it (``transport.ViewGate``; the first display's view is awaited from the start)."""
         widget = self.widget
         if self._displays:
-            for model in self._bokeh_models:
+            for model in self.view.models:
                 model.expect_view()
         self._displays += 1
         return widget._repr_mimebundle_(include=include, exclude=exclude)

@@ -11,11 +11,14 @@ The page map's history goes into the page as compact arrays: for each recorded s
 entries (a full snapshot now and then, diffs in between; see ``telemetry/pagemap.py``), flattened
 into one array per field with per-step offsets. The slider's ``CustomJS`` rebuilds the map at a step
 from the last snapshot at or before it plus the diffs after, and styles cells with the same rules as
-the live panel (``panels_pagemap.CELL_STYLE_JS``).
+the live panel (``panels.page_map.CELL_STYLE_JS``).
 
 Text a user wrote (prompts) or a model produced (outputs) reaches the page only as Bokeh string
 data shown through ``StringFormatter`` cells and ``@field`` hover values, which the browser receives
 as text; every bit of HTML we write ourselves passes ``html.escape``.
+
+The run is a ``kvscope.Run`` (``RecordedRun`` says what is read of it). This module never imports
+``kvscope.run``: ``Run.save_html`` / ``Run.show`` import this one, and imports go one way.
 """
 
 from __future__ import annotations
@@ -23,25 +26,42 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
+from typing import Any, Protocol
 
 import ipywidgets as w
+import pandas as pd
 from bokeh.embed import file_html
 from bokeh.layouts import column, row
 from bokeh.models import CustomJS, Div, Slider
 from bokeh.resources import INLINE
 
-from kvscope.telemetry.export import atomic_write
-from kvscope.telemetry.records import PAGE_STATES
+from kvscope.files import atomic_write
+from kvscope.telemetry.records import PAGE_STATES, PageEntry, RequestEvent, StepRecord
 
 from .dashboard import Dashboard
 from .feed import Feed
-from .panels import apply_tick, build_panels
-from .panels_pagemap import CELL_STYLE_JS, STATE_RANK, PageMapPanel
-from .panels_table import RequestsTable
+from .panels.page_map import CELL_STYLE_JS, STATE_RANK, PageMapPanel
+from .panels.registry import apply_tick, build_panels
+from .panels.requests_table import RequestsTable, request_texts
 from .stats import LatencyStats
 
 
-def page_map_history(run, panel: PageMapPanel) -> dict[str, list]:
+class RecordedRun(Protocol):
+    """What the report and the replay read of a run (``kvscope.Run`` has all of it)."""
+
+    records: list[StepRecord]
+    events: list[RequestEvent]
+    meta: dict[str, Any]
+
+    @property
+    def t0_ns(self) -> int: ...
+    @property
+    def requests(self) -> pd.DataFrame: ...
+    def summary(self) -> dict[str, Any]: ...
+    def page_map_at(self, step: int) -> list[PageEntry]: ...
+
+
+def page_map_history(run: RecordedRun, panel: PageMapPanel) -> dict[str, list]:
     """The page map of every replayable step as flat arrays (see the module docstring)."""
     records = list(run.records)
     first_full = next((i for i, r in enumerate(records) if r.page_map_full), None)
@@ -84,7 +104,7 @@ for (let b = 0; b < n; b++) {
   const s = h.states[state[b]];
   if (s == "used" || s == "shared") used++; else if (s == "cached") cached++;
 }
-for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels_pagemap.merge_entries)
+for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_map.merge_entries)
   let top = c * g, tokens = 0, holders = 0;
   for (let b = c * g; b < Math.min((c + 1) * g, n); b++) {
     if (h.rank[state[b]] > h.rank[state[top]]) top = b;
@@ -102,7 +122,7 @@ label.text = "page map after step " + h.step[i] + ": " + used + " blocks used, "
 """
 
 
-def _header(run) -> Div:
+def _header(run: RecordedRun) -> Div:
     meta = run.meta
     s = run.summary() if run.records else {}
 
@@ -127,7 +147,7 @@ def _header(run) -> Div:
                     f"<div style='font-family:sans-serif;font-size:13px'>{items}</div>", width=1000)
 
 
-def build_report(run):
+def build_report(run: RecordedRun):
     """The report's Bokeh layout (all panels filled from the whole run, nothing rolled over)."""
     stats = LatencyStats()
     meta = dict(run.meta)
@@ -156,11 +176,11 @@ def build_report(run):
         row(panels["occupancy"].model, panels["batch"].model),
         panels["latency"].model,
         panels["timeline"].model,
-        RequestsTable(run).model,
+        RequestsTable(run.requests, request_texts(run.meta)).model,
     )
 
 
-def save_html(run, path: str | os.PathLike) -> Path:
+def save_html(run: RecordedRun, path: str | os.PathLike) -> Path:
     """Write the report of ``run`` to ``path`` atomically; returns the path."""
     title = f"kvscope · {run.meta.get('model', 'run')}"
     page = file_html(build_report(run), resources=INLINE, title=title)
@@ -170,7 +190,7 @@ def save_html(run, path: str | os.PathLike) -> Path:
 class Replay:
     """A finished run's dashboard plus a page-map step slider."""
 
-    def __init__(self, run) -> None:
+    def __init__(self, run: RecordedRun) -> None:
         self.run = run
         meta = dict(run.meta)
         meta.setdefault("t0_ns", run.t0_ns)
@@ -202,7 +222,7 @@ class Replay:
         return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)
 
 
-def show(run) -> None:
+def show(run: RecordedRun) -> None:
     """Display the replay of ``run`` (``Replay(run)`` gives the object itself)."""
     from IPython.display import display
 

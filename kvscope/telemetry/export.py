@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from ..files import atomic_write
 from .metrics import token_times
+from .records import RequestEvent, StepRecord
 from .serialize import event_to_dict, step_to_dict
-
-if TYPE_CHECKING:
-    from ..run import Run
 
 ENGINE_PID = (1 << 30) + 1  # far above Linux pids (<= 2**22) and CUDA device ids, which Kineto uses
 REQUESTS_PID = (1 << 30) + 2
@@ -44,77 +42,51 @@ STATE_COLOURS = {
 }
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[str]], None]) -> Path:
-    """Write via a temp file in the same folder, flush + fsync, then ``os.replace``: readers see the old
-    file or the whole new one, never a half-written one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the mode open() would
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def unwritable(path: str | os.PathLike) -> str | None:
-    """Why ``atomic_write(path, ...)`` would fail to create its file (the folder is missing, read-only,
-    not a folder), or ``None``: it tries what ``atomic_write`` does, a temp file in the same folder."""
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    os.close(fd)
-    os.unlink(tmp)
-    return None
-
-
 # ---- metrics (JSON Lines) -------------------------------------------------------------------------
-def write_metrics(run: Run, path: str | os.PathLike) -> Path:
-    """Header line, then step and event lines in time order, then an end line (so truncation shows)."""
+def write_metrics(
+    path: str | os.PathLike, records: Sequence[StepRecord], events: Sequence[RequestEvent], meta: dict[str, Any]
+) -> Path:
+    """Header line (with ``meta``), then step and event lines in time order, then an end line (so
+    truncation shows)."""
 
     def write(f: IO[str]) -> None:
-        f.write(
-            json.dumps(
-                {"type": "header", "format": METRICS_FORMAT, "version": FORMAT_VERSION, "meta": run.meta}
-            )
-            + "\n"
-        )
-        for kind, item in _time_ordered(run):
+        header = {"type": "header", "format": METRICS_FORMAT, "version": FORMAT_VERSION, "meta": meta}
+        f.write(json.dumps(header) + "\n")
+        for kind, item in _time_ordered(records, events):
             body = step_to_dict(item) if kind == "step" else event_to_dict(item)
             f.write(json.dumps({"type": kind, **body}) + "\n")
-        f.write(
-            json.dumps({"type": "end", "num_steps": len(run.records), "num_events": len(run.events)}) + "\n"
-        )
+        f.write(json.dumps({"type": "end", "num_steps": len(records), "num_events": len(events)}) + "\n")
 
     return atomic_write(path, write)
 
 
-def _time_ordered(run: Run) -> Iterable[tuple[str, Any]]:
-    items = [(r.t_end_ns, 1, "step", r) for r in run.records] + [(e.t_ns, 0, "event", e) for e in run.events]
+def _time_ordered(records: Sequence[StepRecord], events: Sequence[RequestEvent]) -> Iterable[tuple[str, Any]]:
+    items = [(r.t_end_ns, 1, "step", r) for r in records] + [(e.t_ns, 0, "event", e) for e in events]
     items.sort(key=lambda x: (x[0], x[1]))
     return ((kind, item) for _, _, kind, item in items)
 
 
 # ---- trace (Chrome / Perfetto JSON) ---------------------------------------------------------------
-def write_trace(run: Run, path: str | os.PathLike) -> Path:
-    trace = build_trace(run)
+def write_trace(
+    path: str | os.PathLike,
+    records: Sequence[StepRecord],
+    events: Sequence[RequestEvent],
+    meta: dict[str, Any],
+    profiler_events: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """The trace of ``build_trace`` written atomically to ``path``."""
+    trace = build_trace(records, events, meta, profiler_events)
     return atomic_write(path, lambda f: json.dump(trace, f, separators=(",", ":")))
 
 
-def build_trace(run: Run) -> dict[str, Any]:
-    t0 = run.meta["t0_ns"]
+def build_trace(
+    records: Sequence[StepRecord],
+    events: Sequence[RequestEvent],
+    meta: dict[str, Any],
+    profiler_events: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The Chrome trace of a run; ``meta["t0_ns"]`` is time zero (the layout is in the module docstring)."""
+    t0 = meta["t0_ns"]
 
     def us(t_ns: int) -> float:
         return round((t_ns - t0) / 1000, 3)
@@ -126,7 +98,7 @@ def build_trace(run: Run) -> dict[str, Any]:
         _meta("process_name", REQUESTS_PID, 0, name="kvscope requests"),
         _meta("process_sort_index", REQUESTS_PID, 0, sort_index=1),
     ]
-    for r in run.records:
+    for r in records:
         ev.append(
             {
                 "ph": "X",
@@ -161,17 +133,17 @@ def build_trace(run: Run) -> dict[str, Any]:
             )
             t += d
         ev.extend(_counters(r, us(r.t_end_ns)))
-    ev.extend(_request_lanes(run, us))
-    ev.extend(_shift(run.profiler_events, t0))
+    ev.extend(_request_lanes(records, events, us))
+    ev.extend(_shift(profiler_events, t0))
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ms",
         "kvscope": {
             "format": TRACE_FORMAT,
             "version": FORMAT_VERSION,
-            "meta": run.meta,
-            "records": [step_to_dict(r) for r in run.records],
-            "events": [event_to_dict(e) for e in run.events],
+            "meta": meta,
+            "records": [step_to_dict(r) for r in records],
+            "events": [event_to_dict(e) for e in events],
         },
     }
 
@@ -180,7 +152,7 @@ def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
 
 
-def _counters(r, ts: float) -> list[dict[str, Any]]:
+def _counters(r: StepRecord, ts: float) -> list[dict[str, Any]]:
     kv = r.kv
     tracks = {
         "KV usage": {"blocks": kv.block_usage, "tokens": kv.token_usage},
@@ -198,12 +170,14 @@ def _counters(r, ts: float) -> list[dict[str, Any]]:
     ]
 
 
-def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]:
+def _request_lanes(
+    records: Sequence[StepRecord], events: Sequence[RequestEvent], us: Callable[[int], float]
+) -> list[dict[str, Any]]:
     """Per request: (state, start) segments from its events; a resumed request is in "prefill"
     (recomputing) until its next sampled token, then in "decode"."""
-    tokens = token_times(run.records)
+    tokens = token_times(records)
     by_id: dict[str, list] = {}
-    for e in run.events:
+    for e in events:
         by_id.setdefault(e.request_id, []).append(e)
     out: list[dict[str, Any]] = []
     for index, (rid, evs) in enumerate(by_id.items()):
@@ -224,7 +198,7 @@ def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]
                     segments.append(("decode", nxt))
         segments.sort(key=lambda s: s[1])
         finished = next((e for e in evs if e.kind == "finished"), None)
-        end = finished.t_ns if finished else (run.records[-1].t_end_ns if run.records else evs[-1].t_ns)
+        end = finished.t_ns if finished else (records[-1].t_end_ns if records else evs[-1].t_ns)
         if not segments:
             continue
         base = {"cat": "request", "pid": REQUESTS_PID, "tid": 0, "id": index}
@@ -249,7 +223,7 @@ def _request_lanes(run: Run, us: Callable[[int], float]) -> list[dict[str, Any]]
     return out
 
 
-def _shift(events: list[dict[str, Any]], t0_ns: int) -> list[dict[str, Any]]:
+def _shift(events: Sequence[dict[str, Any]], t0_ns: int) -> list[dict[str, Any]]:
     """Profiler events carry ``ts`` in absolute perf_counter microseconds; make them run-relative."""
     off = t0_ns / 1000
     return [{**e, "ts": round(e["ts"] - off, 3)} if "ts" in e else e for e in events]

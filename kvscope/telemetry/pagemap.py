@@ -1,47 +1,67 @@
 """The page map, kept incrementally: which request owns each KV block and how full it is.
 
-``PageMapTracker`` listens to the block pool's events (allocated, hit, cached, evicted, freed) and, at
-the end of each step, looks only at the blocks those events named plus the blocks the step wrote
-into (each scheduled request's tail). The cost per step is proportional to what changed, not to the
-pool size; only the occasional full snapshot walks every block.
+``PageMapTracker`` is fed the block pool's events (``records.BLOCK_EVENT_KINDS``: it keeps each block's
+reference count and whether it is cached from them alone) and, at the end of each step, the step's
+scheduled requests with their block tables. It looks only at the blocks the events named plus the
+blocks the step wrote into (each scheduled request's tail), so the cost per step is proportional to
+what changed, not to the pool size; only the occasional full snapshot walks every block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .records import FREE_PAGE, PageEntry, StepRecord
-
-if TYPE_CHECKING:
-    from ..block_pool import BlockPool
-    from ..scheduler import SchedulerOutput
+from .records import (
+    BLOCK_ALLOCATED,
+    BLOCK_CACHED,
+    BLOCK_EVICTED,
+    BLOCK_FREED,
+    BLOCK_HIT,
+    BLOCK_RELEASED,
+    FREE_PAGE,
+    PageEntry,
+    ScheduledItem,
+    StepRecord,
+)
 
 
 class PageMapTracker:
     """Owner convention: a used block's owner is its longest-standing current holder (the request
     that took it from the free pool, until that one lets go); a cached block keeps its last owner."""
 
-    def __init__(self, pool: BlockPool, snapshot_every: int | None = None) -> None:
-        self.pool = pool
-        n = pool.num_blocks
+    def __init__(self, num_blocks: int, block_size: int, snapshot_every: int | None = None) -> None:
+        n = num_blocks
+        self.num_blocks, self.block_size = n, block_size
         # A full snapshot every N records keeps replay cheap; bigger pools snapshot less often so
         # that snapshots stay a small share of the recorder's memory.
         self.snapshot_every = snapshot_every or max(128, n // 16)
         self.entries: list[PageEntry] = [FREE_PAGE] * n  # the current map
         self.owner: list[str] = [""] * n
+        self.refs: list[int] = [0] * n  # reference counts, from the pool's events
+        self.cached: list[bool] = [False] * n  # findable by the prefix cache, from the pool's events
         self.holders: dict[int, list[str]] = {}  # block id -> request ids holding it, oldest first
         self.tables: dict[str, list[int]] = {}  # request id -> its block table as attributed so far
         self.dirty: set[int] = set(range(n))
         self.since_snapshot = self.snapshot_every  # the first update is a snapshot
-        pool.listeners.append(self.on_block_event)
-
-    def detach(self) -> None:
-        if self.on_block_event in self.pool.listeners:
-            self.pool.listeners.remove(self.on_block_event)
 
     def on_block_event(self, kind: str, block_id: int) -> None:
+        """A block-pool event (the pool's listener)."""
         self.dirty.add(block_id)
+        if kind == BLOCK_ALLOCATED:
+            self.refs[block_id] = 1
+            self.cached[block_id] = False
+        elif kind == BLOCK_HIT:
+            self.refs[block_id] += 1
+        elif kind == BLOCK_CACHED:
+            self.cached[block_id] = True
+        elif kind == BLOCK_FREED:
+            self.refs[block_id] = 0
+        elif kind == BLOCK_RELEASED:
+            self.refs[block_id] -= 1
+        elif kind == BLOCK_EVICTED:
+            self.cached[block_id] = False
+        else:
+            raise ValueError(f"unknown block event {kind!r} (block {block_id})")
 
     def forget(self, request_id: str) -> None:
         """The request finished or was preempted: it holds none of its blocks any more."""
@@ -56,15 +76,18 @@ class PageMapTracker:
                 self.owner[b] = holders[0]
             self.dirty.add(b)
 
-    def update(self, sched: SchedulerOutput) -> tuple[dict[int, PageEntry], bool]:
-        """The map's changes for a finished step (or all of it, on a snapshot step)."""
-        bs, owner, dirty, all_holders = self.pool.block_size, self.owner, self.dirty, self.holders
+    def update(
+        self, scheduled: Sequence[ScheduledItem], block_tables: Sequence[list[int]]
+    ) -> tuple[dict[int, PageEntry], bool]:
+        """The map's changes for a finished step (or all of it, on a snapshot step): ``block_tables[i]``
+        is the block table of ``scheduled[i]``'s request after the step."""
+        bs, owner, dirty, all_holders = self.block_size, self.owner, self.dirty, self.holders
         filled: dict[int, int] = {}
-        for request, n in zip(sched.requests, sched.num_tokens):
-            rid, table = request.request_id, request.block_ids
+        for item, table in zip(scheduled, block_tables):
             if not table:  # finished this step: its blocks were freed (and reported by the pool)
                 continue
-            computed = request.num_computed_tokens  # already includes this step's tokens
+            rid, n = item.request_id, item.num_tokens
+            computed = item.context_len  # already includes this step's tokens
             first_written = (computed - n) // bs
             mine = self.tables.setdefault(rid, [])
             if n == 1 and len(mine) == len(table):  # the common case: a decode into its tail block
@@ -109,15 +132,14 @@ class PageMapTracker:
 
     def _entry(self, b: int, filled: int | None) -> PageEntry:
         """Block ``b``'s entry now; ``filled`` if the step wrote into it, else what it held before."""
-        block = self.pool.blocks[b]
-        refs = block.ref_cnt
+        refs = self.refs[b]
         if refs == 0:
-            if block.block_hash is None:
+            if not self.cached[b]:
                 return FREE_PAGE
-            return PageEntry(self.owner[b], self.pool.block_size, "cached", 0)
+            return PageEntry(self.owner[b], self.block_size, "cached", 0)
         if filled is None:
             old = self.entries[b]
-            filled = old.filled if old.refs else self.pool.block_size
+            filled = old.filled if old.refs else self.block_size
         return PageEntry(self.owner[b], filled, "shared" if refs > 1 else "used", refs)
 
 

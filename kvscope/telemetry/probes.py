@@ -2,11 +2,11 @@
 
 ``MemoryProbe.sample()`` returns a dict with these keys (bytes unless named otherwise):
 
-- always: ``kv_pool_bytes`` (the KV tensors), ``weights_bytes`` (parameters and buffers), ``sampled_ns``
-  (``perf_counter_ns`` of the reading);
+- always: ``kv_pool_bytes`` (the KV tensors), ``weights_bytes`` (parameters and buffers), both as the
+  source gave them, and ``sampled_ns`` (``perf_counter_ns`` of the reading);
 - ``host_rss_bytes``: the process's resident set (psutil);
-- CUDA engines only: ``torch_allocated_bytes``, ``torch_reserved_bytes`` (the caching allocator);
-- CUDA engines with NVML: ``device_used_bytes``, ``device_total_bytes`` and, where the driver has the
+- CUDA devices only: ``torch_allocated_bytes``, ``torch_reserved_bytes`` (the caching allocator);
+- CUDA devices with NVML: ``device_used_bytes``, ``device_total_bytes`` and, where the driver has the
   v2 memory struct, ``device_reserved_bytes`` (v2's ``used`` excludes driver-reserved memory; v1's
   includes it); ``gpu_util_pct`` and ``gpu_mem_util_pct`` (NVML utilisation rates over the driver's
   last sample period).
@@ -92,13 +92,20 @@ class NvmlReader:
 
 
 class MemoryProbe:
-    def __init__(self, engine: Any, interval_s: float = 0.05, use_nvml: bool = True) -> None:
-        self.device: torch.device = engine.device
+    """Readings for a source on ``device`` whose KV pool and weights take the given bytes (plain
+    numbers, read once: ``refresh_static`` changes them)."""
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        weights_bytes: int,
+        kv_pool_bytes: int,
+        interval_s: float = 0.05,
+        use_nvml: bool = True,
+    ) -> None:
+        self.device = torch.device(device)
         self.interval_ns = int(interval_s * 1e9)
-        self.static = {
-            "kv_pool_bytes": int(engine.runner.kv_cache_bytes),
-            "weights_bytes": _module_bytes(engine.model),
-        }
+        self.static = {"kv_pool_bytes": int(kv_pool_bytes), "weights_bytes": int(weights_bytes)}
         self.process = _process()
         self.cuda = self.device.type == "cuda"
         # torch.cuda.memory_allocated answers 0 where CUDA is absent: ask only where it is real.
@@ -110,10 +117,12 @@ class MemoryProbe:
     def nvml_status(self) -> str:
         return self.nvml.status if self.nvml is not None else "unavailable: the engine does not run on CUDA"
 
-    def refresh_static(self, engine: Any) -> None:
-        """Re-read the KV pool and weight sizes (after the engine reallocated its cache)."""
-        self.static["kv_pool_bytes"] = int(engine.runner.kv_cache_bytes)
-        self.static["weights_bytes"] = _module_bytes(engine.model)
+    def refresh_static(self, kv_pool_bytes: int | None = None, weights_bytes: int | None = None) -> None:
+        """New KV pool and weight sizes (after the source reallocated its cache or reloaded weights)."""
+        if kv_pool_bytes is not None:
+            self.static["kv_pool_bytes"] = int(kv_pool_bytes)
+        if weights_bytes is not None:
+            self.static["weights_bytes"] = int(weights_bytes)
         self.last = None
 
     def sample(self, now_ns: int | None = None) -> dict[str, Any]:
@@ -138,12 +147,6 @@ class MemoryProbe:
         out["sampled_ns"] = now
         self.last = out
         return out
-
-
-def _module_bytes(model: torch.nn.Module) -> int:
-    tensors = [*model.parameters(), *model.buffers()]
-    seen = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # tied weights count once
-    return int(sum(seen.values()))
 
 
 def _process():

@@ -12,9 +12,14 @@ profiler step per engine step: ``wait`` steps ignored, ``warmup`` steps traced a
 ``num_steps`` steps recorded. When the window closes the profiler detaches itself; the engine's step
 loop is back to its no-op phase marks.
 
-While capturing, the engine's phases run inside ``record_function("kvscope.<phase>")`` ranges, and the
-attention kernels inside ``kvscope.store_kv`` / ``kvscope.paged_attention`` (the runner's backend is
-wrapped for the window). Categories: ops under ``kvscope.sample`` are *sampling*, under
+The profiler sees no engine. It gets the recorder (summaries go onto its records), a hook that routes
+the step's phase marks to it (``set_phase_marks(marks)`` / ``set_phase_marks(None)``: it is then called
+as ``begin(phase)`` and ``end(step)``, see ``records.PhaseMarks``), and optionally a hook that wraps the
+attention backend's calls (``wrap_backend(wrap)`` calls ``wrap(kind, fn)`` for each call it routes,
+``kind`` being ``"store_kv"`` or ``"paged_attention"``, and returns the function that undoes it).
+``Engine.profile`` passes its own. While capturing, the phases run inside
+``record_function("kvscope.<phase>")`` ranges, and the attention kernels inside ``kvscope.store_kv`` /
+``kvscope.paged_attention``. Categories: ops under ``kvscope.sample`` are *sampling*, under
 ``kvscope.store_kv`` *store_kv*, under ``kvscope.paged_attention`` (or named like attention) *attention*,
 matrix products *matmul*, everything else *other*. On the CPU the time is the ops' self CPU time; on
 CUDA it is the device time of the kernels each op launched.
@@ -32,16 +37,18 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from .records import PROFILE_CATEGORIES, StepRecord
+from .recorder import Recorder
+from .records import NULL_MARKS, PROFILE_CATEGORIES, NullMarks, PhaseMarks, StepRecord
 
-if TYPE_CHECKING:
-    from ..engine import Engine
+__all__ = ["NULL_MARKS", "NullMarks", "Profiler", "categorize"]
+
+Wrap = Callable[[str, Callable], Callable]  # (kind, backend function) -> the function to call instead
 
 MATMUL_OPS = frozenset(
     {
@@ -66,21 +73,6 @@ RANGE_CATEGORY = {
 }
 
 
-class NullMarks:
-    """What the engine calls when nothing is profiled: nothing."""
-
-    __slots__ = ()
-
-    def begin(self, phase: str) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
-
-
-NULL_MARKS = NullMarks()
-
-
 def categorize(name: str, ranges: tuple[str, ...]) -> str:
     """Category of an op (or kernel) ``name`` nested in the ``kvscope.*`` ``ranges`` (outermost first)."""
     for r in reversed(ranges):
@@ -101,7 +93,11 @@ class Profiler:
 
     def __init__(
         self,
-        engine: Engine,
+        recorder: Recorder,
+        set_phase_marks: Callable[[PhaseMarks | None], None],
+        wrap_backend: Callable[[Wrap], Callable[[], None]] | None = None,
+        *,
+        cuda: bool = False,
         num_steps: int = 3,
         wait: int = 0,
         warmup: int = 1,
@@ -109,16 +105,13 @@ class Profiler:
         with_stack: bool = False,
         keep_trace: bool = True,
     ) -> None:
-        if engine.recorder is None:
-            raise ValueError(
-                "profiling attaches its summaries to step records: create the engine with telemetry=True"
-            )
         if num_steps < 1 or wait < 0 or warmup < 0:
             raise ValueError(f"num_steps={num_steps} must be >= 1 and wait={wait}, warmup={warmup} >= 0")
-        self.engine, self.recorder = engine, engine.recorder
+        self.recorder = recorder
+        self._set_marks, self._wrap_backend = set_phase_marks, wrap_backend
         self.num_steps, self.wait, self.warmup = num_steps, wait, warmup
         self.keep_trace = keep_trace
-        self.cuda = engine.device.type == "cuda"
+        self.cuda = cuda
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.prof = profile(
             activities=activities,
@@ -135,25 +128,23 @@ class Profiler:
         self._marks: list[tuple[int, str, int]] = []  # (profiler step_num, range name, perf_counter_ns)
         self._open: record_function | None = None
         self._unsubscribe = None
-        self._saved_backend = None
+        self._unwrap: Callable[[], None] | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Profiler:
-        if self.engine.phase_marks is not NULL_MARKS:
-            raise RuntimeError("a profiling window is already open on this engine")
+        """Open the window: the next step is the profiler's first. ``RuntimeError`` if the source's
+        phase marks already go to another window."""
+        self._set_marks(self)  # raises if another window is open
         self._fallback_offset = time.time_ns() - time.perf_counter_ns()
-        runner = self.engine.runner
-        self._saved_backend = runner.backend
-        backend = runner.backend
-        runner.backend = replace(
-            backend,
-            store_kv=_ranged("kvscope.store_kv", backend.store_kv),
-            paged_attention=_ranged("kvscope.paged_attention", backend.paged_attention),
-            run_plan=_ranged("kvscope.paged_attention", backend.run_plan) if backend.run_plan else None,
-        )
-        self._unsubscribe = self.recorder.subscribe(self._on_record)
-        self.prof.start()
-        self.engine.phase_marks = self
+        try:
+            if self._wrap_backend is not None:
+                self._unwrap = self._wrap_backend(_ranged)
+            self._unsubscribe = self.recorder.subscribe(self._on_record)
+            self.prof.start()
+        except BaseException:
+            self._restore()
+            self._detach()
+            raise
         self.running = True
         return self
 
@@ -168,10 +159,16 @@ class Profiler:
             return
         self._close_range()
         self.running = False
-        self.engine.phase_marks = NULL_MARKS
-        self.engine.runner.backend = self._saved_backend
+        self._restore()
         self.prof.stop()  # calls _ready if the window had started recording
         self.done = True
+
+    def _restore(self) -> None:
+        """Give the source back its phase marks and its backend."""
+        self._set_marks(None)
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
 
     def __enter__(self) -> Profiler:
         return self if self.running else self.start()
@@ -184,7 +181,7 @@ class Profiler:
             self._unsubscribe()
             self._unsubscribe = None
 
-    # ---- phase marks (called by Engine.step) -------------------------------------------------------
+    # ---- phase marks (called by the source's step) --------------------------------------------------
     def begin(self, phase: str) -> None:
         self._close_range()
         name = "kvscope." + phase
@@ -192,10 +189,10 @@ class Profiler:
         self._open = record_function(name)
         self._open.__enter__()
 
-    def end(self) -> None:
-        """The engine step is over: one profiler step."""
+    def end(self, step: int) -> None:
+        """Step ``step`` is over: one profiler step."""
         self._close_range()
-        self._step_map.append((self.prof.step_num, self.engine.step_index))
+        self._step_map.append((self.prof.step_num, step))
         self.prof.step()
         if self.prof.step_num >= self.wait + self.warmup + self.num_steps:
             self._close()  # this step's record is published next; _on_record then detaches
@@ -298,7 +295,10 @@ class Profiler:
         return int(statistics.median(diffs)) if diffs else self._fallback_offset
 
 
-def _ranged(name: str, fn):
+def _ranged(kind: str, fn: Callable) -> Callable:
+    """``fn`` inside a ``kvscope.<kind>`` range."""
+    name = "kvscope." + kind
+
     def wrapped(*args, **kwargs):
         with record_function(name):
             return fn(*args, **kwargs)

@@ -1,10 +1,14 @@
-"""Recorder: turns each engine step into a ``StepRecord`` and keeps the recent ones in a ring buffer.
+"""Recorder: turns each step's plain data into a ``StepRecord`` and keeps the recent ones in a ring buffer.
 
-The engine calls ``record_step`` and ``request_event`` from its own thread. Subscribers are called
-inline with each record and event and must return at once (put the item on a ``queue.SimpleQueue``,
-append it to a list); one that raises is dropped (its error kept in ``subscriber_errors``) rather
-than stopping the engine. Readers on other threads can instead poll ``steps_since(step)``, which
-takes no lock, so the engine never waits for them either.
+The recorder knows no engine. A source (kvscope's engine, or anything else that schedules steps)
+hands it plain records (``telemetry.records``): the static run metadata at construction; block-pool
+events as they happen (``block_event``); request events (``request_event``); and after each step
+``record_step(batch, timings, stats)``. The same source thread makes every call.
+
+Subscribers are called inline with each record and event and must return at once (put the item on
+a ``queue.SimpleQueue``, append it to a list); one that raises is dropped (its error kept in
+``subscriber_errors``) rather than stopping the source. Readers on other threads can instead poll
+``steps_since(step)``, which takes no lock, so the source never waits for them either.
 
 Events that a step's results cause (``first_token``, and ``finished`` with reason stop / length) are
 held until the step's record is made and stamped with its ``t_end_ns``: the moment the step hands its
@@ -13,48 +17,49 @@ tokens back. ``scheduled``, ``resumed`` and ``preempted`` are stamped with the e
 
 from __future__ import annotations
 
-import platform
+import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .pagemap import PageMapTracker
 from .probes import MemoryProbe
-from .records import KVState, RequestEvent, ScheduledItem, StepRecord
-
-if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..request import Request
-    from ..runner import ModelInput
-    from ..scheduler import SchedulerOutput
+from .records import BatchSummary, KVState, RequestEvent, SchedulerStats, StepRecord, StepTimings
 
 Subscriber = Callable[[StepRecord | RequestEvent], None]
 _STEP_CAUSED = ("stop", "length")
 
 
 class Recorder:
+    """``meta``: the run's static metadata (JSON values); the recorder reads ``block_size``,
+    ``num_blocks``, ``kv_bytes_per_token``, ``kv_bytes_per_block`` and ``max_model_len`` from it and
+    hands a copy of all of it to every ``snapshot``. ``memory``: the probe sampled with each record
+    (``None``: records carry no memory readings)."""
+
     def __init__(
         self,
-        engine: Engine,
+        meta: dict[str, Any],
+        memory: MemoryProbe | None = None,
         capacity: int = 100_000,
-        memory_interval_s: float = 0.05,
         snapshot_every: int | None = None,
     ) -> None:
-        self.engine = engine
+        self.meta = meta
+        self.memory = memory
         self.capacity = capacity
         self.subscribers: list[Subscriber] = []
         self.subscriber_errors: list[str] = []
-        self.pages = PageMapTracker(engine.pool, snapshot_every)
-        self.memory = MemoryProbe(engine, memory_interval_s)
-        # constants of the engine, read once (ModelSpec computes them on every access)
-        self.kv_bytes_per_token = engine.spec.kv_bytes_per_token
-        self.kv_bytes_per_block = engine.spec.kv_bytes_per_block(engine.pool.block_size)
+        self.block_size: int = meta["block_size"]
+        self.max_model_len: int = meta["max_model_len"]
+        self.kv_bytes_per_token: int = meta["kv_bytes_per_token"]
+        self.kv_bytes_per_block: int = meta["kv_bytes_per_block"]
+        self.pages = PageMapTracker(meta["num_blocks"], self.block_size, snapshot_every)
+        self.block_event = self.pages.on_block_event  # the block pool's listener: (kind, block_id)
+        self._stats: SchedulerStats | None = None  # as of the last record
         self.clear()
 
     def clear(self) -> None:
-        """Forget what was recorded (a new run on the same engine). The page map carries on."""
+        """Forget what was recorded (a new run from the same source). The page map carries on."""
         self.steps: deque[StepRecord] = deque(maxlen=self.capacity)
         self.events: deque[RequestEvent] = deque(maxlen=self.capacity * 4)
         self.profiler_events: list[dict[str, Any]] = []  # torch.profiler windows (telemetry/profiler.py)
@@ -63,12 +68,10 @@ class Recorder:
         self._seen_scheduled: set[str] = set()
         self._was_preempted: set[str] = set()
         self.pages.since_snapshot = self.pages.snapshot_every  # the next record is a full snapshot
-        sched = self.engine.scheduler
-        self._last_counts = (len(sched.running), len(sched.waiting))  # as of the last record
-        pool = self.engine.pool
-        self.baseline = {
-            "prefix_cache_queries_before": pool.prefix_cache_queries,
-            "prefix_cache_hits_before": pool.prefix_cache_hits,
+        last = self._stats
+        self.baseline = {  # prefix-cache counters are cumulative over the source's life
+            "prefix_cache_queries_before": last.prefix_cache_queries if last else 0,
+            "prefix_cache_hits_before": last.prefix_cache_hits if last else 0,
         }
 
     # ---- readers ---------------------------------------------------------------------------------
@@ -101,10 +104,11 @@ class Recorder:
     def snapshot(self) -> tuple[list[StepRecord], list[RequestEvent], dict[str, Any], list[dict[str, Any]]]:
         """(records, events, meta, profiler_events): copies, as ``Run`` takes them."""
         records, events = _copy(self.steps), _copy(self.events)
-        meta = run_metadata(self.engine)
+        meta = copy.deepcopy(self.meta)
         meta.update(self.baseline)
+        meta["created_unix_s"] = time.time()
         meta["num_steps_dropped"] = self.num_steps_recorded - len(records)
-        meta["nvml"] = self.memory.nvml_status
+        meta["nvml"] = self.memory.nvml_status if self.memory is not None else "unavailable: no memory probe"
         starts = [e.t_ns for e in events[:1]] + [r.t_start_ns for r in records[:1]]
         meta["t0_ns"] = min(starts) if starts else time.perf_counter_ns()
         return records, events, meta, list(self.profiler_events)
@@ -113,28 +117,36 @@ class Recorder:
     def request_event(
         self,
         kind: str,
-        request: Request,
+        request_id: str,
+        step: int,
+        num_prompt_tokens: int = 0,
+        num_output_tokens: int = 0,
+        reason: str | None = None,
+        error: str | None = None,
+        *,
         t_ns: int | None = None,
         num_cached_tokens: int = 0,
-        num_output_tokens: int | None = None,
     ) -> None:
+        """A request changed state (``kind``: one of ``records.EVENT_KINDS``) during or before
+        ``step``; ``reason`` and ``error`` count for ``finished`` only. Without ``t_ns`` it is stamped
+        now, or, for a first token or a stop / length finish, with the end of the step recorded next."""
         finished = kind == "finished"
         event = RequestEvent(
             t_ns=t_ns if t_ns is not None else time.perf_counter_ns(),
-            step=self.engine.step_index,
-            request_id=request.request_id,
+            step=step,
+            request_id=request_id,
             kind=kind,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens if num_output_tokens is None else num_output_tokens,
-            reason=request.finish_reason if finished else None,
-            error=request.error if finished else None,
+            num_prompt_tokens=num_prompt_tokens,
+            num_output_tokens=num_output_tokens,
+            reason=reason if finished else None,
+            error=error if finished else None,
             num_cached_tokens=num_cached_tokens,
         )
         if finished or kind == "preempted":
-            self.pages.forget(request.request_id)
+            self.pages.forget(request_id)
         if finished:
-            self._seen_scheduled.discard(request.request_id)
-            self._was_preempted.discard(request.request_id)
+            self._seen_scheduled.discard(request_id)
+            self._was_preempted.discard(request_id)
         if t_ns is None and (kind == "first_token" or (finished and event.reason in _STEP_CAUSED)):
             self._pending.append(event)  # stamped with the step's end in record_step
             return
@@ -142,87 +154,84 @@ class Recorder:
         self._publish(event)
 
     # ---- steps -----------------------------------------------------------------------------------
-    def state_changed(self) -> bool:
-        """Whether the queue lengths or the page map differ from the last record (e.g. after aborts
-        between steps); ``Engine.record_state`` records such a change."""
-        sched = self.engine.scheduler
-        return (len(sched.running), len(sched.waiting)) != self._last_counts or self.pages.has_changes()
+    def state_changed(self, stats: SchedulerStats) -> bool:
+        """Whether the queue lengths in ``stats`` (now) or the page map differ from the last record
+        (e.g. after aborts between steps); ``Engine.record_state`` records such a change."""
+        last = self._stats
+        counts = (last.num_running, last.num_waiting) if last is not None else (0, 0)
+        return (stats.num_running, stats.num_waiting) != counts or self.pages.has_changes()
 
-    def record_step(self, sched: SchedulerOutput, inp: ModelInput | None, t: tuple[int, ...]) -> StepRecord:
-        """``t`` = (start, scheduled, prepared, forwarded, sampled, end) in perf_counter_ns."""
-        engine = self.engine
-        t_sched, t_end = t[1], t[5]
-        sampled = {id(r) for r in inp.sample_requests} if inp is not None else set()
-        for request in sched.preempted:
-            self._was_preempted.add(request.request_id)
-            self.request_event("preempted", request, t_sched)
-        if sched.admitted:
-            new_tokens = {id(r): n for r, n in zip(sched.requests, sched.num_tokens)}
-            for request in sched.admitted:
-                rid = request.request_id
-                cached = request.num_computed_tokens - new_tokens.get(id(request), 0)
-                n_out = request.num_output_tokens - (id(request) in sampled)
-                if rid in self._was_preempted:
-                    self._was_preempted.discard(rid)
-                    self.request_event("resumed", request, t_sched, cached, n_out)
-                elif rid not in self._seen_scheduled:
-                    self._seen_scheduled.add(rid)
-                    self.request_event("scheduled", request, t_sched, cached, n_out)
+    def record_step(self, batch: BatchSummary, timings: StepTimings, stats: SchedulerStats) -> StepRecord:
+        """Record a finished step: its batch, phase times and the counters after it."""
+        self._step_events(batch, timings)
+        record = self._make_record(batch, timings, stats)
+        self.steps.append(record)
+        self.num_steps_recorded += 1
+        self._stats = stats
+        self._publish(record)
+        return record
+
+    def _step_events(self, batch: BatchSummary, timings: StepTimings) -> None:
+        """The step's own request events (preempted, resumed / scheduled at the end of scheduling),
+        then the ones held for its end (first tokens, stop / length finishes)."""
+        t_sched, step = timings.scheduled_ns, batch.step
+        for p in batch.preempted:
+            self._was_preempted.add(p.request_id)
+            self.request_event("preempted", p.request_id, step, p.num_prompt_tokens, p.num_output_tokens, t_ns=t_sched)
+        for p in batch.admitted:
+            rid = p.request_id
+            if rid in self._was_preempted:
+                self._was_preempted.discard(rid)
+                kind = "resumed"
+            elif rid not in self._seen_scheduled:
+                self._seen_scheduled.add(rid)
+                kind = "scheduled"
+            else:
+                continue
+            self.request_event(kind, rid, step, p.num_prompt_tokens, p.num_output_tokens,
+                               t_ns=t_sched, num_cached_tokens=p.num_cached_tokens)
+        t_end = timings.end_ns
         for event in self._pending:
             event.t_ns = t_end
             self.events.append(event)
             self._publish(event)
         self._pending.clear()
 
-        scheduled = []
-        prefill_seqs = prefill_tokens = decode_seqs = decode_tokens = 0
-        for request, n, is_decode in zip(sched.requests, sched.num_tokens, sched.is_decode):
-            if is_decode:
+    def _make_record(self, batch: BatchSummary, t: StepTimings, stats: SchedulerStats) -> StepRecord:
+        prefill_seqs = prefill_tokens = decode_seqs = decode_tokens = num_sampled = 0
+        for item in batch.scheduled:  # the batch's composition
+            if item.kind == "decode":
                 decode_seqs += 1
-                decode_tokens += n
+                decode_tokens += item.num_tokens
             else:
                 prefill_seqs += 1
-                prefill_tokens += n
-            scheduled.append(
-                ScheduledItem(
-                    request.request_id,
-                    "decode" if is_decode else "prefill",
-                    n,
-                    request.num_computed_tokens,
-                    id(request) in sampled,
-                )
-            )
-        num_finished = sum(1 for r in sched.requests if r.is_finished) + len(sched.failed)
-        page_map, full = self.pages.update(sched)
-        record = StepRecord(
-            step=engine.step_index,
-            t_start_ns=t[0],
-            t_end_ns=t_end,
-            schedule_ns=t[1] - t[0],
-            prepare_ns=t[2] - t[1],
-            forward_ns=t[3] - t[2],
-            sample_ns=t[4] - t[3],
-            update_ns=t_end - t[4],
+                prefill_tokens += item.num_tokens
+            num_sampled += item.sampled
+        page_map, full = self.pages.update(batch.scheduled, batch.block_tables)
+        return StepRecord(
+            step=batch.step,
+            t_start_ns=t.start_ns,
+            t_end_ns=t.end_ns,
+            schedule_ns=t.scheduled_ns - t.start_ns,
+            prepare_ns=t.prepared_ns - t.scheduled_ns,
+            forward_ns=t.forwarded_ns - t.prepared_ns,
+            sample_ns=t.sampled_ns - t.forwarded_ns,
+            update_ns=t.end_ns - t.sampled_ns,
             num_prefill_seqs=prefill_seqs,
             num_prefill_tokens=prefill_tokens,
             num_decode_seqs=decode_seqs,
             num_decode_tokens=decode_tokens,
-            num_running=len(engine.scheduler.running),
-            num_waiting=len(engine.scheduler.waiting),
-            num_preempted=len(sched.preempted),
-            num_finished=num_finished,
-            num_output_tokens=len(sampled),
-            scheduled=scheduled,
-            kv=self.kv_state(),
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            num_preempted=len(batch.preempted),
+            num_finished=batch.num_finished,
+            num_output_tokens=num_sampled,
+            scheduled=batch.scheduled,
+            kv=self.kv_state(stats),
             page_map=page_map,
             page_map_full=full,
-            memory=self.memory.sample(t_end),
+            memory=self.memory.sample(t.end_ns) if self.memory is not None else {},
         )
-        self.steps.append(record)
-        self.num_steps_recorded += 1
-        self._last_counts = (record.num_running, record.num_waiting)
-        self._publish(record)
-        return record
 
     def attach_profile(self, step: int, summary: dict[str, int]) -> None:
         """Set ``profile`` on the record of ``step`` (if the ring still has it)."""
@@ -233,36 +242,24 @@ class Recorder:
             if record.step < step:
                 return
 
-    def kv_state(self) -> KVState:
-        """KV numbers from the pool and the running requests' block tables, in O(running requests).
-
-        Every used block sits in the table of at least one running request, blocks of a running request
-        cover exactly its computed tokens, and only full blocks are ever shared, so each extra holder of
-        a shared block over-counts exactly ``block_size`` tokens.
-        """
-        engine = self.engine
-        pool = engine.pool
-        bs = pool.block_size
-        running = engine.scheduler.running
-        computed = sum(r.num_computed_tokens for r in running)
-        table_entries = sum(len(r.block_ids) for r in running)
-        used = pool.num_used_blocks
-        tokens_stored = computed - bs * (table_entries - used)
+    def kv_state(self, stats: SchedulerStats) -> KVState:
+        """The ``KVState`` of a step from its counters and the run's constants (docs/telemetry.md)."""
+        bs, num_blocks, used, stored = self.block_size, stats.num_blocks, stats.blocks_used, stats.tokens_stored
         slots_used = used * bs
         return KVState(
-            num_blocks=pool.num_blocks,
+            num_blocks=num_blocks,
             block_size=bs,
             blocks_used=used,
-            blocks_cached_free=pool.num_cached_free_blocks,
-            tokens_stored=tokens_stored,
-            block_usage=used / pool.num_blocks,
-            token_usage=tokens_stored / (pool.num_blocks * bs),
-            fragmentation=1.0 - tokens_stored / slots_used if slots_used else 0.0,
-            static_reservation_bytes=len(running) * engine.max_model_len * self.kv_bytes_per_token,
+            blocks_cached_free=stats.blocks_cached_free,
+            tokens_stored=stored,
+            block_usage=used / num_blocks,
+            token_usage=stored / (num_blocks * bs),
+            fragmentation=1.0 - stored / slots_used if slots_used else 0.0,
+            static_reservation_bytes=stats.num_running * self.max_model_len * self.kv_bytes_per_token,
             paged_bytes=used * self.kv_bytes_per_block,
-            prefix_cache_queries=pool.prefix_cache_queries,
-            prefix_cache_hits=pool.prefix_cache_hits,
-            num_evictions=pool.num_evictions,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            num_evictions=stats.num_evictions,
         )
 
 
@@ -274,38 +271,3 @@ def _copy(ring: deque) -> list:
         except RuntimeError:
             continue
     return list(ring)
-
-
-def run_metadata(engine: Engine) -> dict[str, Any]:
-    """What a saved run needs to be read without the engine (all JSON values)."""
-    from .. import __version__
-
-    spec = engine.spec
-    return {
-        "kvscope_version": __version__,
-        "model": engine.model_name,
-        "config": _jsonable(asdict(engine.config)),
-        "spec": _jsonable(asdict(spec)),
-        "kv_bytes_per_token": spec.kv_bytes_per_token,
-        "kv_bytes_per_block": spec.kv_bytes_per_block(engine.pool.block_size),
-        "max_model_len": engine.max_model_len,
-        "num_blocks": engine.pool.num_blocks,
-        "block_size": engine.pool.block_size,
-        "device": str(engine.device),
-        "attention_backend": engine.runner.backend.name,
-        "weights_bytes": engine.recorder.memory.static["weights_bytes"] if engine.recorder else None,
-        "kv_pool_bytes": int(engine.runner.kv_cache_bytes),
-        "created_unix_s": time.time(),
-        "host": platform.node(),
-        "python": platform.python_version(),
-    }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)

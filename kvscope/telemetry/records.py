@@ -1,13 +1,19 @@
-"""What the engine records: one ``StepRecord`` per step and a ``RequestEvent`` per request transition.
+"""What telemetry records, and what a source hands it: plain data only, no engine types.
+
+Recorded: one ``StepRecord`` per step and a ``RequestEvent`` per request transition. Handed in by a
+source (kvscope's engine, or anything else that schedules steps): per step a ``BatchSummary``, its
+``StepTimings`` and the ``SchedulerStats`` after it, and block-pool events (``BLOCK_EVENT_KINDS``) as
+they happen. The source may import this module; nothing here imports the source.
 
 Times are ``time.perf_counter_ns()`` values (on Linux: ``CLOCK_MONOTONIC``, one clock for the whole
-process). Every field and metric is defined in ``docs/telemetry.md``; this module is plain data only.
+process). Every field and metric is defined in ``docs/telemetry.md``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 # Request event kinds, in the order a request can go through them.
 EVENT_KINDS = ("queued", "scheduled", "first_token", "preempted", "resumed", "finished")
@@ -17,6 +23,15 @@ PAGE_STATES = ("free", "used", "shared", "cached")
 
 # Kernel-time categories of ``StepRecord.profile`` (plus "total").
 PROFILE_CATEGORIES = ("attention", "matmul", "store_kv", "sampling", "other")
+
+# Block-pool events, ``listener(kind, block_id)``: the block was taken from the free pool with one
+# reference ("allocated"), got one more reference from a prefix-cache hit ("hit"), lost one but is
+# still held ("released"), lost its last one ("freed"), became findable by its hash ("cached"), or
+# had its cached contents dropped ("evicted"; also for a block that stays held).
+BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED = "allocated", "hit", "released", "freed"
+BLOCK_CACHED, BLOCK_EVICTED = "cached", "evicted"
+BLOCK_EVENT_KINDS = (BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED, BLOCK_CACHED, BLOCK_EVICTED)
+BlockEventListener = Callable[[str, int], None]
 
 
 @dataclass(slots=True)
@@ -124,3 +139,84 @@ class StepRecord:
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
+
+
+# ---- what a source hands the recorder ------------------------------------------------------------
+@dataclass(slots=True)
+class StepTimings:
+    """``perf_counter_ns`` at the boundaries of one step's phases (schedule, prepare, forward,
+    sample, update); a step that stopped early repeats its last time for the phases it skipped."""
+
+    start_ns: int
+    scheduled_ns: int
+    prepared_ns: int
+    forwarded_ns: int
+    sampled_ns: int
+    end_ns: int
+
+    @classmethod
+    def instant(cls, t_ns: int) -> StepTimings:
+        """A zero-duration step (a state record)."""
+        return cls(t_ns, t_ns, t_ns, t_ns, t_ns, t_ns)
+
+
+@dataclass(slots=True)
+class RequestProgress:
+    """Where a request stood when the scheduler admitted or preempted it."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int  # before this step's sample
+    num_cached_tokens: int = 0  # admitted: tokens already in the KV cache (prefix-cache hits)
+
+
+@dataclass(slots=True)
+class BatchSummary:
+    """One step's batch, after the step: what the recorder needs of a ``SchedulerOutput``."""
+
+    step: int  # unique, increasing index of the step (a state record takes one too)
+    scheduled: list[ScheduledItem] = field(default_factory=list)
+    # block_tables[i]: block ids of scheduled[i]'s request after the step ([] if it finished); read
+    # during record_step only, so a source may pass its live lists
+    block_tables: list[list[int]] = field(default_factory=list)
+    admitted: list[RequestProgress] = field(default_factory=list)  # left the waiting queue this step
+    preempted: list[RequestProgress] = field(default_factory=list)  # sent back to the waiting queue
+    num_finished: int = 0  # finished this step (stop / length) plus failed at scheduling
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters after a step (vLLM's ``SchedulerStats`` idea): queues, pool, prefix cache."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    blocks_used: int  # ref_cnt > 0
+    blocks_cached_free: int  # free, but still holding a findable prefix
+    tokens_stored: int  # filled slots in used blocks (a shared block counts once)
+    prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
+    prefix_cache_hits: int = 0  # cumulative prompt tokens found
+    num_evictions: int = 0  # cumulative cached blocks reused for new content
+
+
+class PhaseMarks(Protocol):
+    """Where a source reports its step's phase boundaries (the profiler's ``record_function`` ranges)."""
+
+    def begin(self, phase: str) -> None: ...
+
+    def end(self, step: int) -> None: ...
+
+
+class NullMarks:
+    """The phase marks of a step nobody watches: nothing."""
+
+    __slots__ = ()
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        pass
+
+
+NULL_MARKS = NullMarks()

@@ -45,6 +45,7 @@ def make_paged_batch(
     num_kv_heads: int = 2,
     group: int = 1,
     head_dim: int = 64,
+    head_dim_v: int | None = None,
     block_size: int = 16,
     dtype: torch.dtype = torch.float32,
     spare_blocks: int = 3,
@@ -66,7 +67,7 @@ def make_paged_batch(
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     key_cache = torch.randn(shape, generator=gen).to(dtype)
-    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn((*shape[:3], head_dim_v or head_dim), generator=gen).to(dtype)
     query = torch.randn(sum(query_lens), num_kv_heads * group, head_dim, generator=gen).to(dtype)
     starts = [0]
     for q in query_lens:

@@ -114,7 +114,7 @@ def test_a_file_that_cannot_be_written_loses_nothing_else(tmp_path):
     files = Outputs(trace=blocker / "run.trace.json", metrics=tmp_path / "run.metrics.jsonl",
                     html=tmp_path / "run.html")
     run = LiveRun(tiny_engine(), workload(3, out=6), outputs=files, dashboard=False).start().wait(timeout=60)
-    assert run.status == "finished · could not write trace"
+    assert run.status_text == "finished · could not write trace"
     assert set(run.files.errors) == {"trace"} and "not-a-folder" in run.files.errors["trace"]
     assert set(run.files.written) == {"metrics", "html"}
     assert_files_valid(run, metrics=files.metrics, html=files.html)

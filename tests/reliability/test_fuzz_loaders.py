@@ -62,7 +62,7 @@ def test_valid_files_load(run_files, tmp_path, name):
 
 @FUZZ
 @given(data=st.data(), name=st.sampled_from(["run.trace.json", "run.metrics.jsonl"]))
-def test_truncated_files_are_refused(run_files, tmp_path, data, name):
+def fuzz_truncated_files_are_refused(run_files, tmp_path, data, name):
     full = run_files[name]
     cut = data.draw(st.integers(0, len(full.rstrip()) - 1))
     assert _load(tmp_path, name, full[:cut]) is None
@@ -70,7 +70,7 @@ def test_truncated_files_are_refused(run_files, tmp_path, data, name):
 
 @FUZZ
 @given(data=st.data(), name=st.sampled_from(["run.trace.json", "run.metrics.jsonl"]))
-def test_corrupted_bytes_load_or_fail_cleanly(run_files, tmp_path, data, name):
+def fuzz_corrupted_bytes_load_or_fail_cleanly(run_files, tmp_path, data, name):
     raw = bytearray(run_files[name])
     for _ in range(data.draw(st.integers(1, 5))):
         i = data.draw(st.integers(0, len(raw) - 1))
@@ -80,13 +80,13 @@ def test_corrupted_bytes_load_or_fail_cleanly(run_files, tmp_path, data, name):
 
 @FUZZ
 @given(blob=st.binary(max_size=300))
-def test_random_bytes_fail_cleanly(tmp_path, blob):
+def fuzz_random_bytes_fail_cleanly(tmp_path, blob):
     _load(tmp_path, "x.json", blob)
 
 
 @FUZZ
 @given(value=json_values, data=st.data())
-def test_foreign_or_mangled_json_fails_cleanly(run_files, tmp_path, value, data):
+def fuzz_foreign_or_mangled_json_fails_cleanly(run_files, tmp_path, value, data):
     _load(tmp_path, "foreign.json", json.dumps(value).encode())
     # a kvscope trace with one field replaced by arbitrary JSON
     doc = json.loads(run_files["run.trace.json"])
@@ -104,6 +104,23 @@ def test_foreign_or_mangled_json_fails_cleanly(run_files, tmp_path, value, data)
         _load(tmp_path, "mangled.json", json.dumps(doc).encode())
 
 
+def test_trace_loader_fuzzers(run_files, tmp_path):
+    """Each fuzzer runs all its examples here, then the count is checked in the same test (no reliance on
+    test order): the loaders must have been tried on a few hundred bad files."""
+    before = COUNTS["trace"]
+    fuzz_truncated_files_are_refused(run_files=run_files, tmp_path=tmp_path)
+    fuzz_corrupted_bytes_load_or_fail_cleanly(run_files=run_files, tmp_path=tmp_path)
+    fuzz_random_bytes_fail_cleanly(tmp_path=tmp_path)
+    fuzz_foreign_or_mangled_json_fails_cleanly(run_files=run_files, tmp_path=tmp_path)
+    assert COUNTS["trace"] - before >= 400, COUNTS
+
+
+def test_prompts_file_reader_fuzzer(tmp_path):
+    before = COUNTS["prompts"]
+    fuzz_prompts_file_reader(tmp_path=tmp_path)
+    assert COUNTS["prompts"] - before >= 100, COUNTS
+
+
 def test_other_tools_traces_are_named_as_such(tmp_path):
     chrome = {"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}
     path = tmp_path / "chrome.json"
@@ -114,7 +131,7 @@ def test_other_tools_traces_are_named_as_such(tmp_path):
 
 @FUZZ
 @given(blob=st.binary(max_size=200))
-def test_prompts_file_reader(tmp_path, blob):
+def fuzz_prompts_file_reader(tmp_path, blob):
     COUNTS["prompts"] += 1
     path = tmp_path / "prompts.txt"
     path.write_bytes(blob)
@@ -136,6 +153,3 @@ def test_prompts_file_errors(tmp_path):
     with pytest.raises(ValueError, match="has no prompts"):
         read_prompts(tmp_path / "blank.txt")
 
-
-def test_fuzzers_ran_enough():
-    assert COUNTS["trace"] >= 400 and COUNTS["prompts"] >= 100, COUNTS

@@ -26,7 +26,7 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.live import LiveRun, Outputs
+from kvscope.live import LiveRun, Outputs, RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +49,7 @@ def test_stop_button_on_the_dashboard(tmp_path, after_items, after_reference):
                   dashboard_options={"refresh_hz": 10.0})
     dash = run.dashboard
     assert dash.widget is not None  # the widgets, as a notebook shows them: the Stop button exists
-    stop_button = dash._buttons[0]
+    stop_button = dash.view.buttons[0]
     assert stop_button.description == "Stop" and not stop_button.disabled
     run.start()
     wait_for_steps(run, 20)
@@ -57,8 +57,8 @@ def test_stop_button_on_the_dashboard(tmp_path, after_items, after_reference):
     FIGURES["runs stopped (Stop button, run.stop())"] += 1
     run.wait(timeout=60)
 
-    assert run.status == "stopped" and run.error is None
-    assert all(button.disabled for button in dash._buttons)
+    assert run.status is RunStatus.STOPPED and run.error is None
+    assert all(button.disabled for button in dash.view.buttons)
     assert_engine_clean(engine)
     assert assert_every_request_ended(run, {"abort"})["abort"] == 6
     assert all(len(o.token_ids) < 300 for o in run.outputs)
@@ -84,7 +84,7 @@ def test_run_stop_during_a_profiling_window(tmp_path, after_items, after_referen
     FIGURES["runs stopped (Stop button, run.stop())"] += 1
     run.wait(timeout=60)
 
-    assert run.status == "stopped"
+    assert run.status is RunStatus.STOPPED
     assert_engine_clean(engine)
     assert assert_every_request_ended(run, {"abort"})["abort"] == 5
     assert_final_record_shows_all_freed(run)
@@ -106,7 +106,8 @@ def test_exception_inside_the_forward_pass(tmp_path, after_items, after_referenc
     with pytest.raises(RuntimeError, match="illegal memory access"):
         run.wait(timeout=60)
 
-    assert run.status == "failed: RuntimeError: CUDA error: an illegal memory access"
+    assert run.status is RunStatus.FAILED
+    assert run.status_text == "failed: RuntimeError: CUDA error: an illegal memory access"
     assert_engine_clean(engine)
     reasons = assert_every_request_ended(run, {"error", "abort"})
     assert reasons == {"error": 2, "abort": 3}, reasons
@@ -133,6 +134,6 @@ def test_a_failure_while_winding_down_still_ends_the_run(monkeypatch, after_item
     run.start()
     with pytest.raises(RuntimeError, match="disk on fire"):
         run.wait(timeout=30)
-    assert run.done and run.status == "failed: RuntimeError: disk on fire"
+    assert run.done and run.status_text == "failed: RuntimeError: disk on fire"
     assert_engine_clean(engine)
     assert_new_run_works(engine, after_items, after_reference)  # the engine was let go

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from reliability_util import FIGURES, assert_files_valid, tiny_engine, workload
 
+from kvscope import files as kvscope_files
 from kvscope.live import LiveRun, Outputs
-from kvscope.telemetry import export
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("kvscope", "widgets", "kernels")
 # Writes that may bypass atomic_write, and why: (file, enclosing function) -> reason
 ALLOWED = {
-    ("kvscope/telemetry/export.py", "atomic_write"): "the atomic write itself",
-    ("kvscope/telemetry/export.py", "unwritable"): "a probe temp file, removed at once",
+    ("kvscope/files.py", "atomic_write"): "the atomic write itself",
+    ("kvscope/files.py", "_create_temp"): "atomic_write's temp file (and unwritable's probe, removed at once)",
     ("kvscope/telemetry/profiler.py", "_kineto_events"): "torch's own trace, to a private temp file, removed",
     ("kvscope/cli.py", "main"): "stdout onto /dev/null when a pipe reader left",
 }
@@ -61,19 +61,19 @@ class Interrupted:
 
 def _interrupt_writes(monkeypatch, exc: BaseException, limit: int, only: str = "") -> None:
     """Make atomic_write's temp files (those whose name contains ``only``) fail after ``limit`` chars."""
-    real_fdopen, real_mkstemp, names = os.fdopen, export.tempfile.mkstemp, {}
+    real_fdopen, real_create_temp, names = os.fdopen, kvscope_files._create_temp, {}
 
-    def mkstemp(*args, **kwargs):
-        fd, name = real_mkstemp(*args, **kwargs)
-        names[fd] = name
-        return fd, name
+    def create_temp(path):
+        fd, tmp = real_create_temp(path)
+        names[fd] = tmp.name
+        return fd, tmp
 
     def fdopen(fd, *args, **kwargs):
         f = real_fdopen(fd, *args, **kwargs)
         return Interrupted(f, limit, exc) if only in names.get(fd, "\0") else f
 
-    monkeypatch.setattr(export.tempfile, "mkstemp", mkstemp)
-    monkeypatch.setattr(export.os, "fdopen", fdopen)
+    monkeypatch.setattr(kvscope_files, "_create_temp", create_temp)
+    monkeypatch.setattr(kvscope_files.os, "fdopen", fdopen)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_every_file_write_in_the_package_goes_through_atomic_write():
             seen.add((rel, func))
             if (rel, func) not in ALLOWED:
                 unexpected.append(f"{rel}:{line} in {func}(): {call}")
-    assert unexpected == [], "files written without kvscope.telemetry.export.atomic_write:\n" + "\n".join(unexpected)
+    assert unexpected == [], "files written without kvscope.files.atomic_write:\n" + "\n".join(unexpected)
     assert seen == set(ALLOWED), f"stale allowances: {set(ALLOWED) - seen}"  # the scan does find writes
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvscope.block_pool import BlockPool
 from kvscope.config import EngineConfig, cdiv
@@ -70,23 +77,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(token=st.integers(10, 13))
     def step(self, token):
         COUNTS["steps"] += 1
-        self.kv.cached_this_step = []
         out = self.sched.schedule()
         for r in out.failed:
             self.live.pop(r.request_id)
         bs = self.pool.block_size
+        sampled = []
         for r, n in zip(out.requests, out.num_tokens):
             for pos in range(r.num_computed_tokens, r.num_computed_tokens + n):  # the fake forward pass
                 slot = r.block_ids[pos // bs] * bs + pos % bs
                 self.slots[slot] = tuple(r.all_token_ids[: pos + 1])
-        for r, n in zip(out.requests, out.num_tokens):
-            r.num_computed_tokens += n
-            if r.num_computed_tokens == r.num_tokens:
-                r.append_token(token)
-                if r.num_output_tokens >= r.sampling_params.max_tokens or r.num_tokens >= 64:
-                    self.sched.finish(r, RequestStatus.FINISHED_LENGTH)
-                    self.live.pop(r.request_id)
-        self.sched.drop_finished_running()
+            if r.num_computed_tokens + n == r.num_tokens:  # reaches its end: the runner samples it
+                sampled.append(r)
+        update = self.sched.update_from_output(out, sampled, [token] * len(sampled))
+        for r in update.finished:
+            assert r.finish_reason == "length" and not r.block_ids and r not in self.sched.running
+            self.live.pop(r.request_id)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -105,7 +110,6 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def fail_a_step(self):
         """A forward pass that raises after scheduling: the engine's rollback path."""
-        self.kv.cached_this_step = []
         out = self.sched.schedule()
         for r in out.failed:
             self.live.pop(r.request_id)
@@ -170,12 +174,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(b.ref_cnt == 0 for b in self.pool.blocks)
 
 
-SchedulerMachine.TestCase.settings = settings(
+MACHINE_SETTINGS = settings(
     max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-TestSchedulerMachine = SchedulerMachine.TestCase
 
 
-def test_state_machine_ran_thousands_of_steps():
-    """Runs after the machine (same module, file order): CI must have tried a few thousand operations."""
-    assert COUNTS["ops"] >= 4000 and COUNTS["steps"] >= 1000, COUNTS
+def test_scheduler_state_machine():
+    """The machine, then (in the same test, so no test order is assumed) a check that it tried a few
+    thousand operations over a thousand or more engine steps."""
+    before = dict(COUNTS)
+    run_state_machine_as_test(SchedulerMachine, settings=MACHINE_SETTINGS)
+    ops, steps = COUNTS["ops"] - before["ops"], COUNTS["steps"] - before["steps"]
+    assert ops >= 4000 and steps >= 1000, COUNTS

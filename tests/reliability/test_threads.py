@@ -19,7 +19,7 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.live import LiveRun
+from kvscope.live import LiveRun, RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 SMALL = "--requests 3 --prompt-len 8-24 --output-len 30 --num-blocks 64 --step-delay 0.01"
@@ -51,7 +51,7 @@ def test_no_thread_outlives_its_run(ending, dashboard):
             run.wait(timeout=60)
     else:
         run.wait(timeout=60)
-    assert run.status == {"finish": "finished", "stop": "stopped", "error": "failed: RuntimeError: boom"}[ending]
+    assert run.status_text == {"finish": "finished", "stop": "stopped", "error": "failed: RuntimeError: boom"}[ending]
     assert run.dashboard.finished and run.dashboard.error is None
     assert threads_left(before) == []
     assert_engine_clean(engine)
@@ -63,7 +63,7 @@ def test_two_runs_with_their_own_engines_run_at_once():
     b = LiveRun(tiny_engine(), items_b, step_delay=0.005, dashboard=False).start()
     a.wait(timeout=60)
     b.wait(timeout=60)
-    assert a.status == b.status == "finished" and _overlap(a, b)
+    assert a.status is b.status is RunStatus.FINISHED and _overlap(a, b)
     assert [o.token_ids for o in a.outputs] == reference_tokens(items_a)
     assert [o.token_ids for o in b.outputs] == reference_tokens(items_b)
 
@@ -101,10 +101,10 @@ def test_a_second_run_on_a_busy_engine_is_refused(after_items, after_reference):
     via_factory = LiveRun(lambda: engine, after_items, dashboard=False).start()  # the same engine, later
     with pytest.raises(RuntimeError, match="this engine is already running"):
         via_factory.wait(timeout=30)
-    assert first.status == "running" and not first.done  # the first run never noticed
+    assert first.status is RunStatus.RUNNING and not first.done  # the first run never noticed
     first.stop()
     first.wait(timeout=60)
-    assert first.status == "stopped" and {o.finish_reason for o in first.outputs} == {"abort"}
+    assert first.status is RunStatus.STOPPED and {o.finish_reason for o in first.outputs} == {"abort"}
     again = LiveRun(engine, after_items, dashboard=False).start().wait(timeout=60)  # free again
     assert [o.token_ids for o in again.outputs] == after_reference
 
@@ -118,7 +118,7 @@ def test_two_magic_runs_at_once_in_one_kernel(ip):
         assert a.dashboard is not None and b.dashboard is not None
         a.wait(timeout=60)
         b.wait(timeout=60)
-    assert a.status == b.status == "finished" and _overlap(a, b)
+    assert a.status is b.status is RunStatus.FINISHED and _overlap(a, b)
     # the same arguments, loaded and run at the same time, give the same outputs as one run alone
     expected = reference_tokens(a.workload)
     assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs] == expected
@@ -138,5 +138,5 @@ def test_the_magic_after_an_interrupted_wait_leaves_no_thread(ip, monkeypatch):
     monkeypatch.setattr(run._done, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run.wait()
-    assert run.done and run.status == "stopped"
+    assert run.done and run.status is RunStatus.STOPPED
     assert threads_left(before) == []

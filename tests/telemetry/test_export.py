@@ -1,4 +1,5 @@
-"""The trace JSON is well-formed for Perfetto / Chrome, and both files are written atomically."""
+"""The trace JSON is well-formed for Perfetto / Chrome; export works on plain records, events and meta.
+(Atomic writes: tests/test_files.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from telemetry_util import greedy, make_engine
 
 from kvscope import Run
-from kvscope.telemetry.export import ENGINE_PID, REQUESTS_PID, atomic_write
+from kvscope.telemetry.export import ENGINE_PID, REQUESTS_PID, build_trace, write_metrics, write_trace
+from kvscope.telemetry.load import read_run_file
 
 
 def to_ns(us: float) -> int:
@@ -105,20 +107,16 @@ def test_trace_structure(preempted_run, tmp_path):
     assert all(e["pid"] in (ENGINE_PID, REQUESTS_PID) for e in trace["traceEvents"])
 
 
-def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
-    path = tmp_path / "out.json"
-    path.write_text("old")
-
-    def fails(f):
-        f.write("half")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError):
-        atomic_write(path, fails)
-    assert path.read_text() == "old"
-    assert os.listdir(tmp_path) == ["out.json"]  # no temp file left behind
-    atomic_write(path, lambda f: f.write("new"))
-    assert path.read_text() == "new" and os.listdir(tmp_path) == ["out.json"]
+def test_export_works_on_plain_records_events_and_meta(preempted_run, tmp_path):
+    """telemetry.export needs no Run: the lists and the meta dict are enough, and load gives them back."""
+    run = preempted_run
+    trace = build_trace(run.records, run.events, run.meta)
+    assert trace == json.loads(run.save_trace(tmp_path / "run.json").read_text())
+    write_metrics(tmp_path / "plain.jsonl", run.records, run.events, run.meta)
+    write_trace(tmp_path / "plain.json", run.records, run.events, run.meta)
+    for name in ("plain.jsonl", "plain.json"):
+        records, events, meta, _ = read_run_file(tmp_path / name)
+        assert records == run.records and events == run.events and meta == run.meta
 
 
 def trace_processor_binary() -> str | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from telemetry_util import PROMPT_A, greedy
 
+from kvscope.engine_telemetry import weights_bytes
 from kvscope.telemetry.probes import MemoryProbe, NvmlReader
 
 DEVICE_KEYS = {
@@ -75,18 +76,15 @@ def fake_nvml(v2: bool = True, fail_memory: bool = False) -> types.ModuleType:
     return m
 
 
-def fake_cuda_engine() -> SimpleNamespace:
-    return SimpleNamespace(
-        device=torch.device("cuda", 0),
-        runner=SimpleNamespace(kv_cache_bytes=4096),
-        model=torch.nn.Linear(4, 4),
-    )
+def cuda_probe() -> MemoryProbe:
+    """A probe as a CUDA engine makes it: plain numbers for its KV pool and weights."""
+    return MemoryProbe(torch.device("cuda", 0), weights_bytes(torch.nn.Linear(4, 4)), kv_pool_bytes=4096)
 
 
 @pytest.mark.parametrize("v2", [True, False])
 def test_nvml_memory_v2_with_v1_fallback(monkeypatch, v2):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(v2=v2))
-    probe = MemoryProbe(fake_cuda_engine())
+    probe = cuda_probe()
     assert probe.nvml_status == f"ok (memory {'v2' if v2 else 'v1'})"
     m = probe.sample()
     assert m["device_total_bytes"] == 80 * 2**30
@@ -94,28 +92,31 @@ def test_nvml_memory_v2_with_v1_fallback(monkeypatch, v2):
         (10 * 2**30, True) if v2 else (10 * 2**30 + 2**29, False)
     )
     assert (m["gpu_util_pct"], m["gpu_mem_util_pct"]) == (37, 12)
-    assert m["kv_pool_bytes"] == 4096 and m["weights_bytes"] == (16 + 4) * 4
+    assert m["kv_pool_bytes"] == 4096 and m["weights_bytes"] == (16 + 4) * 4  # Linear(4, 4): weight + bias
     # torch.cuda cannot be read on a CPU-only torch: those keys are absent, not 0
     assert ("torch_allocated_bytes" in m) == torch.cuda.is_available()
 
 
 def test_nvml_failing_mid_run_drops_its_fields_without_raising(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(fail_memory=True))
-    probe = MemoryProbe(fake_cuda_engine())
+    probe = cuda_probe()
     m = probe.sample()
     assert not DEVICE_KEYS & set(m) and m["kv_pool_bytes"] == 4096
     assert probe.nvml_status.startswith("failed")
 
 
 def test_readings_are_throttled():
-    probe = MemoryProbe(fake_cuda_engine_cpu(), interval_s=0.05)
+    probe = MemoryProbe("cpu", weights_bytes=1, kv_pool_bytes=1, interval_s=0.05)
     first = probe.sample(now_ns=1_000_000_000)
     assert probe.sample(now_ns=1_040_000_000) is first  # within 50 ms: the same reading
     later = probe.sample(now_ns=1_060_000_000)
     assert later is not first and later["sampled_ns"] == 1_060_000_000
 
 
-def fake_cuda_engine_cpu() -> SimpleNamespace:
-    return SimpleNamespace(
-        device=torch.device("cpu"), runner=SimpleNamespace(kv_cache_bytes=1), model=torch.nn.Linear(1, 1)
-    )
+
+def test_refresh_static_takes_new_sizes():
+    probe = MemoryProbe("cpu", weights_bytes=10, kv_pool_bytes=20)
+    first = probe.sample(now_ns=1)
+    probe.refresh_static(kv_pool_bytes=30)
+    again = probe.sample(now_ns=2)  # within the interval, yet a new reading: the sizes changed
+    assert again is not first and (again["kv_pool_bytes"], again["weights_bytes"]) == (30, 10)

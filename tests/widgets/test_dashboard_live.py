@@ -77,9 +77,9 @@ def test_widget_dashboard_without_a_browser_still_updates_and_syncs():
     assert "application/vnd.jupyter.widget-view+json" in bundle
     run.start().wait(timeout=60)
     assert dash.num_ticks >= 2
-    state = dash._bokeh_models[2].render_bundle  # the page map's widget
+    state = dash.view.models[2].render_bundle  # the page map's widget
     assert "page-map-cells" in str(state) and '"shape": [48]' in str(state).replace("'", '"')
-    assert all(button.disabled for button in dash._buttons)
+    assert all(button.disabled for button in dash.view.buttons)
 
 
 class _Widget(ViewGate):

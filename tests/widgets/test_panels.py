@@ -8,8 +8,8 @@ from bokeh.document import Document
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ModelChangedEvent
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
-from kvscope.widgets.panels_pagemap import PageMapPanel, merge_entries
-from kvscope.widgets.panels_timeline import TimelinePanel
+from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
+from kvscope.widgets.panels.timeline import TimelinePanel
 from kvscope.widgets.stats import LatencyStats
 
 from kvscope.telemetry import metrics
@@ -170,3 +170,15 @@ def test_a_large_pool_is_drawn_in_runs_of_blocks(finished_run):
     assert panel.source.data["blocks"][:2] == ["0–2", "3–5"] and panel.source.data["blocks"][-1] == "39–39"
     shared = PageEntry("a", 8, "shared", 2)
     assert merge_entries([FREE_PAGE, PageEntry("b", 3, "used", 1), shared]) == PageEntry("a", 11, "shared", 2)
+
+
+def test_the_registry_builds_every_panel_once_in_the_layout_order():
+    from kvscope.widgets.panels import PANELS
+    from kvscope.widgets.view import ROWS
+
+    panels = build_panels(LatencyStats(), 10, {"model": "m"})
+    names = [p.name for p in panels]
+    assert names == [t.name for t in PANELS] and len(set(names)) == len(names) == 7
+    assert [type(p) for p in panels] == list(PANELS)
+    assert sorted(n for row in ROWS for n in row) == sorted(names)  # the live layout shows each one
+    assert panels[0].meta == {"model": "m"} and panels[1].rollover == 10

@@ -110,9 +110,9 @@ def test_hostile_prompts_show_as_text_and_run_nothing(page, report):
 
 
 def test_slider_replays_a_pool_drawn_in_runs_of_blocks(page, finished_run, tmp_path, monkeypatch):
-    from kvscope.widgets import panels_pagemap
+    from kvscope.widgets.panels import page_map
 
-    monkeypatch.setattr(panels_pagemap, "MAX_CELLS", 16)  # 40 blocks -> 14 cells of 3 blocks
+    monkeypatch.setattr(page_map, "MAX_CELLS", 16)  # 40 blocks -> 14 cells of 3 blocks
     path = finished_run.save_html(tmp_path / "grouped.html")
     _open(page, path)
     page.locator(".noUi-handle").first.focus()
@@ -123,5 +123,5 @@ def test_slider_replays_a_pool_drawn_in_runs_of_blocks(page, finished_run, tmp_p
     step = page.evaluate(MODEL_DATA_JS, "page-map-slider")
     shown = page.evaluate(MODEL_DATA_JS, "page-map-cells")
     expected = finished_run.page_map_at(step)
-    cells = [panels_pagemap.merge_entries(expected[c * 3:c * 3 + 3]) for c in range(14)]
+    cells = [page_map.merge_entries(expected[c * 3:c * 3 + 3]) for c in range(14)]
     assert shown["state"] == [e.state for e in cells] and shown["owner"] == [e.owner for e in cells]

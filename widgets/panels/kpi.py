@@ -10,10 +10,10 @@ import html
 
 from bokeh.models import ColumnDataSource, Div
 
-from .feed import Tick
-from .panels import Panel
-from .stats import LatencyStats, percentile
-from .theme import FULL_WIDTH
+from ..feed import Tick
+from ..stats import LatencyStats, percentile
+from ..theme import FULL_WIDTH
+from .base import Panel, PanelContext
 
 KPI_FIELDS = (
     "step", "tokens_per_s", "mean_tokens_per_s", "running", "waiting", "finished", "requests",
@@ -34,6 +34,10 @@ def _ms(seconds: float | None) -> str:
 class KpiPanel(Panel):
     name = "kpi"
     title = "KPIs"
+
+    @classmethod
+    def create(cls, context: PanelContext) -> KpiPanel:
+        return cls(context.stats, context.meta)
 
     def __init__(self, stats: LatencyStats, meta: dict) -> None:
         self.stats = stats

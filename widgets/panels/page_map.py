@@ -23,9 +23,8 @@ from bokeh.models import Range1d
 
 from kvscope.telemetry.records import FREE_PAGE, PageEntry
 
-from .feed import Tick
-from .panels import Panel
-from .theme import (
+from ..feed import Tick
+from ..theme import (
     CACHED_COLOR,
     FREE_COLOR,
     HALF_WIDTH,
@@ -36,6 +35,7 @@ from .theme import (
     empty_source,
     new_figure,
 )
+from .base import Panel, PanelContext
 
 COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "color", "alpha", "outline")
 PATCHED = ("owner", "filled", "state", "refs", "color", "alpha", "outline")
@@ -82,6 +82,10 @@ def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
 class PageMapPanel(Panel):
     name = "page_map"
     title = "KV page map"
+
+    @classmethod
+    def create(cls, context: PanelContext) -> PageMapPanel:
+        return cls()
 
     def __init__(self, width: int = HALF_WIDTH, height: int = HEIGHT, max_cells: int | None = None) -> None:
         self.colors = OwnerColors()

@@ -8,10 +8,10 @@ from bokeh.models import ColumnDataSource
 
 from kvscope.telemetry.records import StepRecord
 
-from .feed import Tick
-from .panels import Panel
-from .stats import LatencyStats
-from .theme import HEIGHT, PHASE_COLORS, add_hover, empty_source, new_figure, stream_rows, style_legend
+from ..feed import Tick
+from ..stats import LatencyStats
+from ..theme import HEIGHT, PHASE_COLORS, add_hover, empty_source, new_figure, stream_rows, style_legend
+from .base import Panel, PanelContext
 
 PHASES = tuple(PHASE_COLORS)  # schedule, prepare, forward, sample, update
 NUM_BINS = 30
@@ -36,6 +36,10 @@ def histogram(samples_s, bins: int = NUM_BINS) -> dict[str, list[float]]:
 class LatencyPanel(Panel):
     name = "latency"
     title = "Latency"
+
+    @classmethod
+    def create(cls, context: PanelContext) -> LatencyPanel:
+        return cls(context.stats, context.rollover)
 
     def __init__(self, stats: LatencyStats, rollover: int | None) -> None:
         self.stats = stats

@@ -16,9 +16,9 @@ from bokeh.models import ColumnDataSource, Div
 
 from kvscope.telemetry.records import RequestEvent, StepRecord
 
-from .feed import Tick
-from .panels import Panel
-from .theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure
+from ..feed import Tick
+from ..theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure
+from .base import Panel, PanelContext
 
 COLUMNS = ("lane", "left", "right", "state", "request", "color")
 EVENT_STATES = {
@@ -36,6 +36,10 @@ def _legend() -> Div:
 class TimelinePanel(Panel):
     name = "timeline"
     title = "Requests"
+
+    @classmethod
+    def create(cls, context: PanelContext) -> TimelinePanel:
+        return cls(context.rollover, context.meta)
 
     def __init__(self, rollover: int | None, meta: dict | None = None, width: int = FULL_WIDTH,
                  height: int = 260) -> None:

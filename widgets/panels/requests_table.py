@@ -12,17 +12,15 @@ import math
 import pandas as pd
 from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, StringFormatter, TableColumn
 
-from .theme import FULL_WIDTH
+from ..theme import FULL_WIDTH
 
 MAX_TEXT = 2000  # characters of prompt / output kept per request (a table cell, not an archive)
 
 
-def request_texts(run) -> dict[str, dict[str, str]]:
-    """Request id -> {"prompt", "output"} from a live run's outputs or a saved run's ``meta["texts"]``."""
-    texts = dict(run.meta.get("texts") or {})
-    for out in getattr(run, "outputs", None) or []:
-        texts.setdefault(out.request_id, {"prompt": out.prompt, "output": out.text})
-    return texts
+def request_texts(meta: dict) -> dict[str, dict[str, str | None]]:
+    """Request id -> {"prompt", "output"} from a run's ``meta["texts"]`` (a live run puts them there,
+    and saved files keep them; a prompt given as token ids has ``None``)."""
+    return dict(meta.get("texts") or {})
 
 
 def _clip(text: str | None) -> str:
@@ -31,7 +29,7 @@ def _clip(text: str | None) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "…"
 
 
-def table_data(requests: pd.DataFrame, texts: dict[str, dict[str, str]]) -> dict[str, list]:
+def table_data(requests: pd.DataFrame, texts: dict[str, dict[str, str | None]]) -> dict[str, list]:
     def col(name: str, default=math.nan) -> list:
         return requests[name].tolist() if name in requests else [default] * len(requests)
 
@@ -52,13 +50,15 @@ def table_data(requests: pd.DataFrame, texts: dict[str, dict[str, str]]) -> dict
 
 
 class RequestsTable:
-    """A ``DataTable`` of every request of a finished run."""
+    """A ``DataTable`` of every request of a finished run: its ``requests`` frame (``Run.requests``)
+    and its texts (``request_texts(run.meta)``)."""
 
     name = "requests_table"
     title = "Requests"
 
-    def __init__(self, run, width: int = FULL_WIDTH, height: int = 260) -> None:
-        self.source = ColumnDataSource(table_data(run.requests, request_texts(run)))
+    def __init__(self, requests: pd.DataFrame, texts: dict[str, dict[str, str | None]],
+                 width: int = FULL_WIDTH, height: int = 260) -> None:
+        self.source = ColumnDataSource(table_data(requests, texts))
         text = StringFormatter()
         number = NumberFormatter(format="0,0")
         columns = [

@@ -1,0 +1,160 @@
+"""The dashboard's widgets: a header (Stop, Pause, refresh rate, extra controls, status line) over the
+panels, each in its own ``BokehModel``. ``DashboardView`` owns all of them; ``Dashboard`` builds one
+when it is first shown and tells it the status; the buttons drive a ``Control`` (a ``LiveRun``)."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import ipywidgets as w
+from bokeh.models import LayoutDOM
+from jupyter_bokeh import BokehModel
+
+from .panels.base import Panel
+from .transport import ViewGate, parse_ack
+
+REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the control
+# Rows of panel names; a row with two panels puts them side by side.
+ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",))
+
+
+class Control(Protocol):
+    """What the buttons drive (``kvscope.live.LiveRun`` implements it)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def status_text(self) -> str: ...  # e.g. "running", "failed: RuntimeError: ..."
+
+    def stop(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+class _OneWayBokehModel(ViewGate, BokehModel):
+    """A ``BokehModel`` whose documents only the kernel writes, sending one message per tick.
+
+    - Inbound: jupyter_bokeh 4.1 sends every change of the browser's copy of a document back to the
+      kernel, including the changes the kernel itself just sent: each ``stream`` comes back and,
+      applied again, would duplicate the streamed rows in the kernel (seen in JupyterLab: twice the
+      rows, steps out of order). Nothing in the kernel needs browser-side state (pan and zoom are the
+      browser's business), so inbound changes are dropped; only the tick acknowledgements of
+      ``transport.ACK_JS`` are noted.
+    - Outbound: a tick's events go out as one PATCH-DOC message, and only while no view of the widget
+      can be in creation (``transport.ViewGate``). ``_view_count = 0`` makes ipywidgets report each
+      view the browser creates, which is when the gate learns that the view it waits for is there.
+    """
+
+    def __init__(self, model: LayoutDOM, lock: threading.RLock) -> None:
+        self.acked = -1  # the last tick the browser has applied (see transport.ACK_JS)
+        self.init_gate(lock)
+        super().__init__(model, _view_count=0)
+        self.observe(self._views_changed, names="_view_count")
+
+    def close(self) -> None:
+        """Close once: ``Widget.__del__`` closes again, and jupyter_bokeh's ``close`` raises a second time."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            super().close()
+
+    def _views_changed(self, change: dict[str, Any]) -> None:
+        if (change["new"] or 0) > (change["old"] or 0):  # a view was created (shell thread)
+            self.view_arrived()
+
+    def _sync_model(self, model, content: dict[str, Any], buffers: list[Any]) -> None:
+        data = content.get("msg_data")
+        if content.get("kind") != "MessageSent" or not isinstance(data, dict):
+            return  # a change of the browser's copy (or an echo of ours): not applied
+        if data.get("name") == "menu_item_click":
+            tick = parse_ack(data.get("values"))
+            if tick is not None:
+                self.acked = max(self.acked, tick)
+
+
+class DashboardView:
+    """The widgets of one dashboard. Built under the dashboard's lock (each model awaits a view).
+
+    ``models``: one ``BokehModel`` per panel, in the panels' order (what sends each tick's patches);
+    ``buttons``: (Stop, Pause), empty for a replay (no ``control``); ``box``: the whole layout.
+    """
+
+    def __init__(
+        self,
+        panels: Sequence[Panel],
+        lock: threading.RLock,
+        *,
+        control: Control | None,
+        refresh_hz: float,
+        on_refresh: Callable[[float], None],
+        extra_controls: Sequence[w.Widget] = (),
+    ) -> None:
+        self.control = control
+        by_name = {p.name: _OneWayBokehModel(p.model, lock) for p in panels}
+        self.models: list[_OneWayBokehModel] = list(by_name.values())
+        self.buttons: tuple[w.Button, ...] = ()
+        self.status = w.HTML(layout=w.Layout(margin="0 0 0 12px"))
+        controls = [*self._run_controls(refresh_hz, on_refresh), *extra_controls]
+        header = w.HBox([*controls, self.status], layout=w.Layout(align_items="center"))
+        wrap = w.Layout(flex_flow="row wrap")  # side-by-side panels stack when the output area is narrow
+        rows = [w.HBox([by_name[n] for n in row], layout=wrap) for row in ROWS if all(n in by_name for n in row)]
+        self.box = w.VBox([header, *rows], layout=w.Layout(max_width="1040px"))
+        self.box.add_class("kvscope-dashboard")
+
+    def _run_controls(self, refresh_hz: float, on_refresh: Callable[[float], None]) -> list[w.Widget]:
+        control = self.control
+        if control is None:  # a replay: no run to drive, nothing to refresh
+            return []
+        refresh = w.Dropdown(
+            options=[(f"{hz:g} Hz", hz) for hz in REFRESH_CHOICES],
+            value=refresh_hz if refresh_hz in REFRESH_CHOICES else 5.0,
+            description="refresh",
+            layout=w.Layout(width="150px"),
+            style={"description_width": "50px"},
+        )
+        refresh.observe(lambda change: on_refresh(change["new"]), names="value")
+        live = not control.done
+        stop = w.Button(description="Stop", icon="stop", button_style="danger", disabled=not live,
+                        layout=w.Layout(width="90px"), tooltip="abort every request and end the run")
+        pause = w.Button(description="Pause", icon="pause", disabled=not live, layout=w.Layout(width="100px"),
+                         tooltip="pause / resume the engine between steps")
+
+        def on_stop(_button: w.Button) -> None:
+            control.stop()
+            stop.disabled = pause.disabled = True
+
+        def on_pause(_button: w.Button) -> None:
+            if control.paused:
+                control.resume()
+                pause.description, pause.icon = "Pause", "pause"
+            else:
+                control.pause()
+                pause.description, pause.icon = "Resume", "play"
+
+        stop.on_click(on_stop)
+        pause.on_click(on_pause)
+        self.buttons = (stop, pause)
+        return [stop, pause, refresh]
+
+    def show_status(self, parts: Sequence[str]) -> None:
+        """Show ``parts`` (plain text, escaped here) as the status line; once the run is over, disable
+        the buttons."""
+        text = " · ".join(html.escape(part) for part in parts)
+        self.status.value = f"<span style='font-family:sans-serif;font-size:13px'>{text}</span>"
+        if self.control is not None and self.control.done:
+            for button in self.buttons:
+                button.disabled = True
+
+    def close(self) -> None:
+        """Close every widget of this view (not every widget of the kernel, as ``close_all`` would)."""
+        _close_tree(self.box)
+
+
+def _close_tree(widget: w.Widget) -> None:
+    for child in getattr(widget, "children", ()):
+        _close_tree(child)
+    widget.close()
