@@ -11,17 +11,20 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .request import RequestOutput, SamplingParams
     from .run import Run, load
+    from .watching import WatchRun
 
-__all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "compare",
-           "load"]
+__all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "WatchRun",
+           "compare", "load", "watch"]
 
 # Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
 _LAZY = {"EngineConfig": ".config", "ModelSpec": ".config", "Engine": ".engine", "RequestOutput": ".request",
          "SamplingParams": ".request", "Run": ".run", "load": ".run", "compare": ".comparison",
-         "Comparison": ".comparison"}
+         "Comparison": ".comparison", "WatchRun": ".watching"}
 
 
 def __getattr__(name: str):
+    if name == "watch":  # the package kvscope.watch, which is callable: kvscope.watch(urls, ...) (see its docstring)
+        return import_module(".watch", __name__)
     if name in _LAZY:
         value = getattr(import_module(_LAZY[name], __name__), name)
         globals()[name] = value

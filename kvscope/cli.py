@@ -2,8 +2,9 @@
 
 Exit codes: 0 done; 1 the work itself failed (a model that fails mid-run, a file that is not a kvscope
 trace, a disk error); 2 a usage error (a bad option, a missing file, an unknown model), caught before
-any work starts where possible; 130 interrupted. Errors are one line on stderr naming the problem and
-the fix; ``KVSCOPE_DEBUG=1`` adds the traceback.
+any work starts where possible; 128 + the signal's number when a run is stopped by a signal (130
+SIGINT / Ctrl-C, 143 SIGTERM, 129 SIGHUP; the files are still written). Errors are one line on stderr
+naming the problem and the fix; ``KVSCOPE_DEBUG=1`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from ._version import __version__
 from .cli_args import CLIError, Parser
+from .cli_compare import add_compare_parser, add_perfetto_options, add_sweep_parser
+from .files import check_outputs
 from .options import CLI, add_run_options, block_size, nonneg_size, positive_int, size
 from .plan import ModelShape, known_shape, make_plan, render, shape_from_config
 
@@ -29,6 +32,14 @@ commands:
                                   how many requests fit, static reservation vs paged KV
   kvscope view RUN.trace.json -o report.html
                                   an HTML report from a saved trace or metrics file
+  kvscope view RUN.trace.json --perfetto
+                                  the trace in a local Perfetto UI (served on 127.0.0.1, offline)
+  kvscope compare A.trace.json B.trace.json -o cmp.html
+                                  runs side by side: summary ratios, overlaid series, page maps
+  kvscope sweep --block-size 8,16,32,64 -o sweep.html
+                                  the same seeded workload once per value; a comparison + CSV
+  kvscope watch http://127.0.0.1:8000 --kv-events tcp://127.0.0.1:5557 --html watch.html
+                                  a running vLLM server (or several) from outside: live status, files
 
 'kvscope COMMAND --help' explains each command."""
 
@@ -70,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", "-m", default=None,
                       help="'smollm2' or 'tiny' (default: smollm2 when installed, else tiny)")
     demo.add_argument("--out", default="kvscope-demo", metavar="PREFIX",
-                      help="output files PREFIX.html, PREFIX.trace.json, PREFIX.metrics.jsonl (default kvscope-demo)")
+                      help="output files PREFIX.html, PREFIX.trace.json, PREFIX.metrics.jsonl (default kvscope-demo); "
+                           "a folder: the files go inside it, as FOLDER/kvscope-demo.*")
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress bar or table; print the files written")
 
     run = sub.add_parser("run", help="run any model on your prompts or a synthetic workload",
@@ -115,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("-o", "--output", default=None, metavar="HTML",
                       help="report path (default: TRACE with .html instead of .trace.json / .jsonl)")
     view.add_argument("-q", "--quiet", action="store_true", help="print only the report's path")
+    add_perfetto_options(view)
+    add_compare_parser(sub)
+    add_sweep_parser(sub)
+    from .cli_watch import add_watch_parser
+
+    add_watch_parser(sub)
     return parser
 
 
@@ -163,8 +181,12 @@ def _plan_shape(name: str) -> ModelShape:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
+    if args.perfetto:
+        from .cli_compare import cmd_view_perfetto
+
+        return cmd_view_perfetto(args)
     source = Path(args.trace).expanduser()
-    if not source.is_file():
+    if not source.exists() or source.is_dir():  # a pipe (/dev/stdin) is fine
         why = "is a folder" if source.is_dir() else "does not exist"
         raise CLIError(f"{str(source)!r} {why}; give a .trace.json or .metrics.jsonl written by kvscope "
                        "(kvscope demo / run, or run.save_trace)")
@@ -177,6 +199,10 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise CLIError(f"the folder of {str(output)!r} does not exist; create it or choose another -o path")
     if output.is_dir():
         raise CLIError(f"{str(output)!r} is a folder; give a file name for -o, like report.html")
+    try:  # before loading: -o must not be the trace itself (by identity), a device or a FIFO
+        check_outputs({"the trace": source}, {"-o": output})
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     from .run import load
 
     try:
@@ -206,11 +232,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_help()
-            raise CLIError("give a command: demo, run, plan or view")
+            raise CLIError("give a command: demo, run, plan, view, compare, sweep or watch")
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "view":
             return cmd_view(args)
+        if args.command == "watch":
+            from .cli_watch import cmd_watch
+
+            return cmd_watch(args)
+        if args.command in ("compare", "sweep"):
+            from .cli_compare import cmd_compare, cmd_sweep
+
+            return cmd_compare(args) if args.command == "compare" else cmd_sweep(args)
         from .cli_run import cmd_demo, cmd_run
 
         return cmd_demo(args) if args.command == "demo" else cmd_run(args)

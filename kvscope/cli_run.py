@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .cli_args import CLIError
-from .files import unwritable
+from .files import check_outputs, unwritable
 from .live_state import RunStatus
 from .options import OptionError
 from .plan import fmt_bytes
@@ -26,8 +30,8 @@ examples:
   kvscope run --model smollm2 --requests 8 --shared-prefix 64 --profile 5 --out my-run
   kvscope run --model ./my-hf-folder --requests 16 --kv-memory 256MiB --max-num-seqs 8
 
-Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (open at
-https://ui.perfetto.dev) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
+Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (kvscope view
+PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
 
 EPILOG_DEMO = """\
 what to look for in the report:
@@ -42,11 +46,16 @@ examples:
   kvscope demo --out /tmp/demo # /tmp/demo.html, /tmp/demo.trace.json, /tmp/demo.metrics.jsonl"""
 
 
-def output_paths(args: argparse.Namespace) -> dict[str, Path]:
+def output_paths(args: argparse.Namespace, default_name: str) -> dict[str, Path]:
     """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (those were checked by
-    their option's parser; the paths made from PREFIX are checked here)."""
-    prefix = str(Path(args.out).expanduser())
-    paths = {"html": prefix + ".html", "trace": prefix + ".trace.json", "metrics": prefix + ".metrics.jsonl"}
+    their option's parser; the paths made from PREFIX are checked here). A PREFIX that is a folder, or ends
+    in a separator, puts the files inside it under ``default_name``."""
+    prefix = Path(args.out).expanduser()
+    if args.out.endswith(("/", os.sep)) or prefix.is_dir():
+        if not prefix.is_dir():
+            raise CLIError(f"the folder {args.out!r} given as --out does not exist; create it or give a prefix")
+        prefix = prefix / default_name
+    paths = {kind: f"{prefix}{suffix}" for kind, suffix in _SUFFIXES.items()}
     for kind in paths:
         if getattr(args, kind, None):
             paths[kind] = str(Path(getattr(args, kind)).expanduser())
@@ -64,14 +73,23 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     return out
 
 
+_SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl"}
+
+
+def output_labels(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Path]:
+    """What messages call each output: its own option if given, else "the html file of --out"."""
+    return {(f"--{kind}" if getattr(args, kind, None) else f"the {kind} file of --out"): paths[kind]
+            for kind in ("trace", "metrics", "html")}  # the order of %kvscope's, so both say the same
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .launch import prepare  # here: it brings torch, which usage errors caught by the parser do not need
 
+    paths = output_paths(args, "kvscope-run")
     try:
-        setup = prepare(args)
+        setup = prepare(args, outputs=output_labels(args, paths))
     except OptionError as exc:
         raise CLIError(str(exc)) from None
-    paths = output_paths(args)
     return execute(setup.make_engine, setup.workload, paths, title=f"kvscope run · {setup.model}",
                    quiet=args.quiet, profile_steps=args.profile, step_delay=args.step_delay)
 
@@ -80,7 +98,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import choose_model, demo_engine_kwargs, demo_workload
 
     model, note = choose_model(args.model)
-    paths = output_paths(args)
+    paths = output_paths(args, "kvscope-demo")
+    try:
+        check_outputs({}, output_labels(args, paths))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if not args.quiet:
         print(note)
 
@@ -95,20 +117,79 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def execute(make_engine, items, paths: dict[str, Path], *, title: str, quiet: bool,
             profile_steps: int = 0, step_delay: float = 0.0) -> int:
-    """Run to the end with a progress bar, write the files, print the summary; the exit code."""
+    """Run to the end with a progress bar, write the files, print the summary; the exit code.
+
+    SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
+    boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129)."""
     from .live import LiveRun, Outputs
 
     outputs = Outputs(trace=paths["trace"], metrics=paths["metrics"], html=paths["html"])
     run = LiveRun(make_engine, items, outputs=outputs, profile_steps=profile_steps, step_delay=step_delay,
                   dashboard=False)
-    interrupted = False
+    stopped_by = None
+    with stop_signals():
+        try:
+            _watch(run.start(), quiet)
+        except KeyboardInterrupt as exc:
+            stopped_by = getattr(exc, "signum", signal.SIGINT)
+            run.stop()
+            _wind_down(run, stopped_by, quiet)
     try:
-        _watch(run.start(), quiet)
-    except KeyboardInterrupt:
-        interrupted = True
-        run.stop()
-        while not run.done:
+        return _report(run, title, quiet, stopped_by)
+    except OSError:  # SIGHUP: the terminal is gone, and printing fails; the files are written all the same
+        if stopped_by is None:
+            raise
+        return 128 + stopped_by
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as SIGINT raises ``KeyboardInterrupt``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame) -> None:
+    raise StopSignal(signum)
+
+
+@contextmanager
+def stop_signals():
+    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
+    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _raise_stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _wind_down(run, signum: int, quiet: bool) -> None:
+    """Wait for a stopped run to abort its requests and write its files. More SIGTERMs / SIGHUPs ask for
+    what is happening anyway; a second Ctrl-C quits at once (the temp files are removed at exit)."""
+    if not quiet:
+        name = signal.Signals(signum).name
+        _say(f"kvscope: {name}: stopping the run and writing the files (Ctrl-C again to quit without them)")
+    while not run.done:
+        try:
             time.sleep(0.05)
+        except StopSignal:
+            continue
+
+
+def _say(text: str) -> None:
+    with suppress(OSError):  # a hung-up terminal
+        print(text, file=sys.stderr, flush=True)
+
+
+def _report(run, title: str, quiet: bool, stopped_by: int | None) -> int:
+    """Print the summary and the files written; the exit code (``CLIError`` for a failed run)."""
     if run.error is not None:
         exc = run.error
         if os.environ.get("KVSCOPE_DEBUG"):
@@ -131,14 +212,15 @@ def execute(make_engine, items, paths: dict[str, Path], *, title: str, quiet: bo
     if len(failed):
         raise CLIError(f"{len(failed)} of {len(run.requests)} requests failed (the files hold the run); "
                        f"first: {failed.error.iloc[0]}", code=1)
-    if interrupted:
-        print("interrupted: the run was stopped early; the files hold what ran", flush=True)
-        return 130
+    if stopped_by is not None:
+        how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {signal.Signals(stopped_by).name}"
+        print(f"{how}: the run was stopped early; the files hold what ran", flush=True)
+        return 128 + stopped_by
     return 0
 
 
 _HOW_TO_OPEN = {"html": "report: open in a browser, works offline",
-                "trace": "open at https://ui.perfetto.dev",
+                "trace": "kvscope view PATH --perfetto: the Perfetto UI, offline",
                 "metrics": "JSON Lines: kvscope.load(path).steps / .requests"}
 
 
@@ -150,29 +232,33 @@ def _watch(run, quiet: bool) -> None:
             time.sleep(0.1)
             if quiet:
                 continue
-            if run.status is RunStatus.LOADING and not shown_loading:
-                print("loading the model ...", flush=True)
-                shown_loading = True
-            if bar is None and run.status is RunStatus.RUNNING and run.workload:
-                from tqdm.auto import tqdm
+            try:
+                if run.status is RunStatus.LOADING and not shown_loading:
+                    print("loading the model ...", flush=True)
+                    shown_loading = True
+                if bar is None and run.status is RunStatus.RUNNING and run.workload:
+                    from tqdm.auto import tqdm
 
-                total = sum(item.params.max_tokens for item in run.workload)
-                bar = tqdm(total=total, unit="tok", desc=f"{len(run.workload)} requests", dynamic_ncols=True)
-            records = run.records
-            if bar is None or len(records) <= seen:
-                continue
-            new = records[seen:]
-            seen = len(records)
-            last = new[-1]
-            bar.update(sum(r.num_output_tokens for r in new))
-            bar.set_postfix_str(f"running {last.num_running}, waiting {last.num_waiting}, "
-                                f"KV {last.kv.block_usage:.0%}", refresh=False)
+                    total = sum(item.params.max_tokens for item in run.workload)
+                    bar = tqdm(total=total, unit="tok", desc=f"{len(run.workload)} requests", dynamic_ncols=True)
+                records = run.records
+                if bar is None or len(records) <= seen:
+                    continue
+                new = records[seen:]
+                seen = len(records)
+                last = new[-1]
+                bar.update(sum(r.num_output_tokens for r in new))
+                bar.set_postfix_str(f"running {last.num_running}, waiting {last.num_waiting}, "
+                                    f"KV {last.kv.block_usage:.0%}", refresh=False)
+            except OSError:  # a hung-up terminal (SIGHUP): stop showing, go on watching
+                quiet = True
     finally:
         if bar is not None:
-            if run.done:  # requests that stopped at EOS never reach their maximum
-                bar.total = bar.n
-            bar.refresh()
-            bar.close()
+            with suppress(OSError):  # a hung-up terminal (SIGHUP)
+                if run.done:  # requests that stopped at EOS never reach their maximum
+                    bar.total = bar.n
+                bar.refresh()
+                bar.close()
 
 
 def _ms(seconds: float) -> str:

@@ -7,15 +7,20 @@ fails at construction with a message that names the field and a fix.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .validation import UINT64_MAX, check_bool, check_int, check_real, parse_device
+
 GiB = 1 << 30
 MiB = 1 << 20
 
+INT64_MAX = (1 << 63) - 1  # the largest size torch can index
 # What the engine reserves for the KV cache on the CPU when the user gives no budget.
 DEFAULT_CPU_KV_BYTES = 1 * GiB
 
@@ -121,6 +126,22 @@ class ModelSpec:
     def kv_bytes_per_block(self, block_size: int) -> int:
         return self.kv_bytes_per_token * block_size
 
+    def kv_bytes_for_tokens(self, num_tokens: int) -> int:
+        """KV bytes one sequence of ``num_tokens`` needs when every layer keeps only what it still reads
+        (a sliding-window layer its last ``sliding_window`` tokens, a chunked one its current chunk): the
+        window-aware counterpart of ``num_tokens * kv_bytes_per_token``."""
+        if not self.layers:
+            return num_tokens * self.kv_bytes_per_token
+        total = 0
+        for layer in self.layers:
+            kept = num_tokens
+            if layer.sliding_window:
+                kept = min(kept, layer.sliding_window)
+            if layer.attention_chunk:
+                kept = min(kept, layer.attention_chunk)
+            total += kept * layer.kv_elems_per_token
+        return total * self.dtype_bytes
+
     @property
     def weight_bytes(self) -> int:
         return self.num_params * self.dtype_bytes
@@ -179,32 +200,42 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.block_size, int)
-            or not _is_power_of_two(self.block_size)
-            or self.block_size > 256
-        ):
-            raise ValueError(
-                f"block_size={self.block_size!r} must be a power of two between 1 and 256 (16 is a good default)"
-            )
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
-            raise ValueError(
-                f"num_blocks={self.num_blocks!r} must be a positive integer (or None to size it)"
-            )
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} must be a positive number of bytes")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={self.max_num_seqs} must be at least 1")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least 1")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len={self.max_model_len} must be at least 2")
+        """Every field checked for its type and range: a wrong type is a ``TypeError``, a wrong value a
+        ``ValueError``, both naming the field. Sizes are integers (never ``bool``), so they are finite;
+        ``kv_cache_memory`` may be a float byte count and is rounded down. Whether ``device`` can run a
+        model is checked by the engine (``validation.resolve_device``)."""
+        bs = self.block_size
+        if isinstance(bs, bool) or not isinstance(bs, numbers.Integral) or not _is_power_of_two(int(bs)) or bs > 256:
+            error = TypeError if isinstance(bs, bool) or not isinstance(bs, numbers.Integral) else ValueError
+            raise error(f"block_size={bs!r} must be a power of two between 1 and 256 (16 is a good default)")
+        self.block_size = int(bs)
+        self.num_blocks = check_int("num_blocks", self.num_blocks, 1, INT64_MAX, optional=True,
+                                    must="a positive integer below 2**63 (or None to size it)")
+        memory = self.kv_cache_memory
+        if isinstance(memory, float) and math.isfinite(memory) and memory >= 1:
+            memory = int(memory)
+        self.kv_cache_memory = check_int("kv_cache_memory", memory, 1, INT64_MAX, optional=True,
+                                         must="a positive number of bytes below 2**63 (or None)")
+        self.gpu_memory_utilization = check_real("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
+                                                 lo_open=True, must="in (0, 1]")
+        below = "below 2**63"
+        self.max_num_seqs = check_int("max_num_seqs", self.max_num_seqs, 1, INT64_MAX, must=f"an integer >= 1 {below}")
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, INT64_MAX,
+                                                must=f"an integer >= 1 {below}")
+        self.max_model_len = check_int("max_model_len", self.max_model_len, 2, INT64_MAX, optional=True,
+                                       must=f"an integer >= 2 {below} (or None: the model's)")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "telemetry"):
+            setattr(self, name, check_bool(name, getattr(self, name)))
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend={self.attention_backend!r} must be 'auto', 'torch' or 'triton'"
             )
+        self.device = parse_device(self.device)
+        if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
+            raise TypeError(f"dtype={self.dtype!r} must be a name ('float32', 'bfloat16', 'auto') or a torch.dtype")
+        self.seed = check_int("seed", self.seed, 0, UINT64_MAX, must="an unsigned 64-bit integer (0 to 2**64 - 1)")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra={self.extra!r} must be a dict")
 
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
+from functools import partial, wraps
+from typing import Any, TypeVar
 
 import torch
 
-from . import attention
 from .block_pool import BlockPool
 from .config import EngineConfig, ModelSpec
 from .engine_telemetry import batch_summary, run_metadata, weights_bytes, wrap_backend
+from .generate import GenerateMixin, Prompt
 from .kernels import resolve_backend
 from .kv_cache_manager import KVCacheManager
 from .models import load_model
+from .probe import probe_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
 from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput
@@ -23,15 +26,32 @@ from .sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
 from .telemetry.probes import MemoryProbe
 from .telemetry.recorder import Recorder
 from .telemetry.records import NULL_MARKS, BatchSummary, PhaseMarks, StepRecord, StepTimings
+from .validation import resolve_device, token_ids
 
-Prompt = str | list[int]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Engine:
+def _locked(method: F) -> F:
+    """Run ``method`` holding the engine's lock (see ``Engine``: one thread inside at a time)."""
+
+    @wraps(method)
+    def locked(self: Engine, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
+class Engine(GenerateMixin):
     """A paged-KV inference engine around an unchanged HuggingFace causal LM.
 
     ``Engine("tiny")``, ``Engine("smollm2")``, ``Engine("path/to/folder")`` or ``Engine(model, tokenizer=tok)``;
     keyword arguments are the fields of ``EngineConfig`` (``block_size``, ``num_blocks``, ...).
+
+    Threads: every public method holds one re-entrant lock while it reads or changes the engine, so
+    calls from several threads are serialized, never interleaved inside a step. ``generate`` and
+    ``stream`` take it per step, not per call: two threads' calls share the steps (their requests are
+    batched together) and both finish, rather than one waiting for the other's whole call.
     """
 
     def __init__(
@@ -44,7 +64,8 @@ class Engine:
     ) -> None:
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
         self.config = config
-        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._lock = threading.RLock()
+        self.device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, self.device)
         if isinstance(model, str):
             model, loaded_tok, self.model_name = load_model(model, dtype=dtype)
@@ -52,12 +73,12 @@ class Engine:
         else:
             self.model_name = type(model).__name__
         self.tokenizer = tokenizer
-        attention.check_attention_supported(model.config)
-        attention.register()
-        model.set_attn_implementation(attention.ATTN_NAME)
+        # a few one-token forwards: refuses (UnsupportedModelError, model left as it was) what kvscope
+        # cannot run exactly, else measures each attention layer and switches the model to kvscope's
+        layers = probe_model(model, config.max_model_len)
         self.model = model.to(device=self.device, dtype=dtype).eval()
 
-        self.spec = ModelSpec.from_hf_config(model.config, dtype=dtype)
+        self.spec = ModelSpec.from_layers(layers, model.config, dtype)
         self.spec.num_params = sum(p.numel() for p in model.parameters())
         self.max_model_len = resolve_max_model_len(config, self.spec, model.config)
         self.spec.max_model_len = self.max_model_len
@@ -97,42 +118,59 @@ class Engine:
     def make_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> Request:
-        """Validate a prompt and its parameters into a ``Request`` (raises ``ValueError`` naming the problem)."""
-        params = params or SamplingParams()
+        """Validate a prompt and its parameters into a ``Request``. Raises ``TypeError`` (a prompt or
+        params of the wrong type) or ``ValueError`` (empty, too long, outside the vocabulary, an id in
+        use), naming the problem; the engine is left as it was."""
+        params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
+        params.validate()  # again: the fields may have been changed since construction
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise TypeError(f"request_id={request_id!r} must be a non-empty string (or None for a new one)")
         text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass prompts as lists of token ids")
             text = prompt
-            token_ids = self.tokenizer.encode(prompt) if prompt else []
+            ids = self.tokenizer.encode(prompt) if prompt else []
         else:
-            token_ids = [int(t) for t in prompt]
-        if not token_ids:
+            ids = token_ids(prompt)
+        if not ids:
             raise ValueError("the prompt is empty: give at least one token")
         vocab = self.spec.vocab_size
-        if vocab and not all(0 <= t < vocab for t in token_ids):
+        if vocab and not all(0 <= t < vocab for t in ids):
             raise ValueError(f"the prompt has token ids outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
+        if len(ids) >= self.max_model_len:
             raise ValueError(
-                f"the prompt has {len(token_ids)} tokens but the model allows at most {self.max_model_len - 1} "
+                f"the prompt has {len(ids)} tokens but the model allows at most {self.max_model_len - 1} "
                 f"(max_model_len={self.max_model_len}, one position is needed for the output): shorten it"
             )
         request_id = request_id or next_request_id()
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        return Request(request_id, token_ids, params, prompt=text, arrival_time=time.perf_counter())
+        self._check_id_free(request_id)
+        return Request(request_id, ids, params, prompt=text, arrival_time=time.perf_counter())
 
+    def _check_id_free(self, request_id: str) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
+
+    @_locked
     def add_request(
         self, prompt: Prompt | Request, params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
-        request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
+        """Queue a request; returns its id. A bad one raises here (``make_request``) and changes nothing:
+        the requests already queued go on. An id may be reused once its request has finished; the
+        records then keep the two apart (the later one is recorded as ``id#2``, docs/telemetry.md)."""
+        if isinstance(prompt, Request):
+            request = prompt
+            self._check_id_free(request.request_id)
+        else:
+            request = self.make_request(prompt, params, request_id)
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
         self._event("queued", request)
         return request.request_id
 
+    @_locked
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its blocks return to the pool. False if it is unknown or done."""
         request = self.requests.pop(request_id, None)
@@ -142,27 +180,31 @@ class Engine:
         self._event("finished", request)
         return True
 
+    @_locked
     def abort_all(self) -> None:
         """Abort every unfinished request and record the resulting state (``record_state``)."""
         for request_id in list(self.requests):
             self.abort(request_id)
         self.record_state()
 
-    def reject(self, prompt: Prompt, params: SamplingParams | None, error: str) -> Request:
+    @_locked
+    def reject(self, prompt: Any, params: Any, error: str) -> Request:
         """A request that cannot run, recorded as queued and at once finished with status ``error``
         (so a background run can fail one bad prompt alone while the others go on)."""
         text = prompt if isinstance(prompt, str) else None
         try:
-            tokens = self.tokenizer.encode(prompt) if text and self.tokenizer else [int(t) for t in prompt or ()]
+            tokens = self.tokenizer.encode(prompt) if text and self.tokenizer else token_ids(prompt)
         except (TypeError, ValueError):
             tokens = []
-        request = Request(next_request_id(), tokens, params or SamplingParams(), prompt=text,
-                          arrival_time=time.perf_counter())
+        if not isinstance(params, SamplingParams):
+            params = SamplingParams()
+        request = Request(next_request_id(), tokens, params, prompt=text, arrival_time=time.perf_counter())
         request.status, request.error = RequestStatus.FINISHED_ERROR, error
         self._event("queued", request)
         self._event("finished", request)
         return request
 
+    @_locked
     def record_state(self) -> StepRecord | None:
         """Record the engine's state if it changed since the last record without a step (requests
         aborted or failed between steps): a ``StepRecord`` with nothing scheduled and zero duration,
@@ -177,10 +219,12 @@ class Engine:
         self.step_index += 1  # a recorded step: keep step indices unique
         return record
 
+    @_locked
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     # ---- the step ----------------------------------------------------------------------------------
+    @_locked
     def step(self) -> list[StreamDelta]:
         """Schedule, run the model once over the packed batch, sample, and update requests.
 
@@ -246,6 +290,7 @@ class Engine:
             self.recorder.request_event(kind, request.request_id, self.step_index, request.num_prompt_tokens,
                                         request.num_output_tokens, request.finish_reason, request.error)
 
+    @_locked
     def set_phase_marks(self, marks: PhaseMarks | None) -> None:
         """Report each step's phases to ``marks`` (``begin(phase)``, ``end(step)``), or to nobody
         with ``None``. One observer at a time: ``RuntimeError`` while another has them."""
@@ -287,78 +332,12 @@ class Engine:
                 self._finish(request, status, message)
         self.record_state()  # the failed requests' blocks are free again
 
-    # ---- convenience ---------------------------------------------------------------------------
-    def _make_requests(self, prompts: Prompt | Sequence[Prompt], params) -> list[Request]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # one prompt
-        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        requests = []
-        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
-            try:
-                request = self.make_request(prompt, p)
-            except ValueError as exc:
-                raise ValueError(f"prompt {i}: {exc}") from None
-            request.index = i
-            requests.append(request)
-        return requests
-
-    def generate(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run prompts to completion; one ``RequestOutput`` per prompt, in order.
-
-        All prompts are validated before any runs. A request that cannot run (e.g. larger than the
-        whole pool) comes back with ``finish_reason == "error"`` and ``error`` set; the rest go on.
-        On an exception or KeyboardInterrupt every request of this call is aborted before it propagates.
-        """
-        requests = self._make_requests(prompts, params)
-        for request in requests:
-            self.add_request(request)
-        try:
-            while any(not r.is_finished for r in requests):
-                self.step()
-        except BaseException:
-            for request in requests:
-                self.abort(request.request_id)
-            self.record_state()
-            raise
-        return [self.output(r) for r in requests]
-
-    def stream(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> Iterator[StreamDelta]:
-        """Yield tokens as they are produced (with the text each adds), then a final delta per request."""
-        requests = self._make_requests(prompts, params)
-        by_id = {r.request_id: r for r in requests}
-        texts = dict.fromkeys(by_id, "")
-        for request in requests:
-            self.add_request(request)
-        try:
-            while any(not r.is_finished for r in requests):
-                for delta in self.step():
-                    request = by_id.get(delta.request_id)
-                    if request is None:
-                        continue
-                    if self.tokenizer is not None:
-                        text = self.decode(request.output_token_ids)
-                        delta.text, texts[delta.request_id] = text[len(texts[delta.request_id]) :], text
-                    yield delta
-        finally:
-            for request in requests:
-                self.abort(request.request_id)
-            self.record_state()
-
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    @_locked
     def output(self, request: Request) -> RequestOutput:
         return RequestOutput(
             request_id=request.request_id,

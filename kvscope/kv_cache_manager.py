@@ -70,8 +70,8 @@ class KVCacheManager:
             self._num_offered[request.request_id] = len(hits)
         if num_new_blocks > 0:
             request.block_ids.extend(b.block_id for b in self.pool.allocate(num_new_blocks))
-        if self.pool.enable_caching:
-            self._offer_full_blocks(request, num_total)
+        if self.pool.enable_caching:  # only tokens the request has: draft tokens never enter the cache
+            self._offer_full_blocks(request, min(num_total, request.num_tokens))
         return True
 
     def _offer_full_blocks(self, request: Request, num_tokens: int) -> None:
@@ -97,6 +97,18 @@ class KVCacheManager:
         self.pool.free([blocks[i] for i in reversed(request.block_ids)])
         request.block_ids = []
         self._num_offered.pop(request.request_id, None)
+
+    def trim(self, request: Request) -> list[int]:
+        """Free the tail blocks that hold none of the request's computed tokens (the slots of rejected
+        draft tokens); returns their ids. Blocks offered to the prefix cache are never among them."""
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if len(request.block_ids) <= keep:
+            return []
+        dropped = request.block_ids[keep:]
+        del request.block_ids[keep:]
+        blocks = self.pool.blocks
+        self.pool.free([blocks[i] for i in reversed(dropped)])
+        return dropped
 
     def rollback_step(self) -> None:
         """The step's forward pass failed: blocks cached for it hold no valid K/V."""

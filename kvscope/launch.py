@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import EngineConfig
+from .files import check_outputs
 from .options import OptionError, check_combinations
 from .request import SamplingParams
 from .workload import WorkItem, numbered_prompts, prompts_workload, read_prompt_lines, synthetic_workload
@@ -40,14 +41,37 @@ class RunSetup:
         return Engine(self.model, config=self.config)
 
 
-def prepare(args: argparse.Namespace, cell: str | None = None) -> RunSetup:
+def prepare(args: argparse.Namespace, cell: str | None = None,
+            outputs: Mapping[str, Path | None] | None = None) -> RunSetup:
     """Every check that can fail before the model loads, then the run's pieces (``cell``: a
-    ``%%kvscope`` cell's text, whose lines are the prompts)."""
+    ``%%kvscope`` cell's text, whose lines are the prompts; ``outputs``: what each output is called in
+    messages -> its path, by default ``--trace``, ``--metrics`` and ``--html`` as given)."""
     check_combinations(args, cell=cell is not None)
     model = check_model(args.model)
     config = engine_config(args)
     params = sampling_params(args)
-    return RunSetup(model, config, params, workload(args, params, cell))
+    items = workload(args, params, cell)
+    if outputs is None:
+        outputs = {f"--{kind}": getattr(args, kind, None) for kind in ("trace", "metrics", "html")}
+    check_run_outputs(args, model, outputs)
+    return RunSetup(model, config, params, items)
+
+
+def check_run_outputs(args: argparse.Namespace, model: str, outputs: Mapping[str, Path | None]) -> None:
+    """No output is the prompts file, a file of the model folder or another output (by identity), and none
+    is a folder or a device (``kvscope.files.check_outputs``)."""
+    inputs: dict[str, Path] = {}
+    if args.prompts:
+        inputs["--prompts"] = Path(args.prompts).expanduser()
+    if os.path.isdir(model):
+        with os.scandir(model) as entries:
+            for entry in entries:
+                if entry.is_file():
+                    inputs[f"the model folder's {entry.name}"] = Path(entry.path)
+    try:
+        check_outputs(inputs, outputs)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def check_model(name: str) -> str:

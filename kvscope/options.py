@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import unwritable
+from .files import not_a_file, unwritable
 
 CLI, MAGIC = "cli", "magic"  # the two faces
 BOTH = (CLI, MAGIC)
@@ -32,9 +33,15 @@ class OptionError(argparse.ArgumentTypeError, ValueError):
 
 class OptionParser(argparse.ArgumentParser):
     """An argparse parser that refuses a bad command line with one ``OptionError`` line naming the problem
-    and where the help is (each face catches it or overrides ``error``)."""
+    and where the help is (each face catches it or overrides ``error``). No abbreviated options: ``--out``
+    would be ``--output-len`` in the magic, which has no ``--out`` (found by fuzzing both faces)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def refusal(self, message: str) -> str:
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)  # one line, whatever argv holds
         if message.endswith("expected one argument"):
             message += " (a value that starts with '-' is read as an option; negative sizes are not allowed)"
         return f"{message} (see '{self.prog} --help')"
@@ -44,42 +51,99 @@ class OptionParser(argparse.ArgumentParser):
 
 
 # ---- value parsers (argparse ``type``s) ------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    value = _whole_number(text)
+# Numbers are bounded here, where one line can name them, not deep inside (a seed torch cannot take, a size
+# that overflows to infinity, a delay threading cannot wait for, a workload too big to build).
+INT64_MAX = 2**63 - 1
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+MAX_REQUESTS = 100_000
+MAX_TOKENS = 2**24  # a length of 16,777,216 tokens: beyond any model's context
+MAX_STEP_DELAY = 60.0
+
+
+def positive_int(text: str, limit: int = INT64_MAX) -> int:
+    value = _whole_number(text, limit)
     if value < 1:
-        raise OptionError(f"{text!r} must be at least 1")
+        raise OptionError(f"{_shown(text)} must be at least 1")
     return value
 
 
 def nonneg_int(text: str) -> int:
     value = _whole_number(text)
     if value < 0:
-        raise OptionError(f"{text!r} must be 0 or more")
+        raise OptionError(f"{_shown(text)} must be 0 or more")
     return value
 
 
-def _whole_number(text: str) -> int:
+def num_requests(text: str) -> int:
+    return positive_int(text, MAX_REQUESTS)
+
+
+def tokens(text: str) -> int:
+    """A token count >= 0 (a shared prefix)."""
+    value = nonneg_int(text)
+    if value > MAX_TOKENS:
+        raise OptionError(f"{_shown(text)} is more than {MAX_TOKENS:,} tokens")
+    return value
+
+
+def int64(text: str) -> int:
+    """Any whole number within 64 bits; the range is checked where the value is used (``top_k``)."""
+    return _whole_number(text, INT64_MAX, what="invalid int value")
+
+
+def seed(text: str) -> int:
+    value = _whole_number(text, SEED_MAX, what="invalid int value")
+    if value < 0:
+        raise OptionError(f"{_shown(text)} must be 0 or more (a seed is 0 to 2**64 - 1)")
+    return value
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text):,} characters)"
+
+
+def _whole_number(text: str, limit: int = INT64_MAX, what: str = "") -> int:
+    """``int(text)`` within ``-limit..limit``; ``what``: the refusal's wording for a non-number."""
+    digits = text.strip().lstrip("+-").replace("_", "")
+    if digits.isdigit() and len(digits.lstrip("0")) > len(str(limit)):  # before int(): it refuses 4,300+ digits
+        raise OptionError(f"{_shown(text)} is too large (at most {limit:,})")
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise OptionError(f"{text!r} is not a whole number") from None
+        raise OptionError(f"{what}: {_shown(text)}" if what else f"{_shown(text)} is not a whole number") from None
+    if abs(value) > limit:
+        raise OptionError(f"{_shown(text)} is too large (at most {limit:,})")
+    return value
 
 
 def block_size(text: str) -> int:
     value = positive_int(text)
     if value & (value - 1) or value > 256:
-        raise OptionError(f"{text!r} must be a power of two between 1 and 256, like 16")
+        raise OptionError(f"{_shown(text)} must be a power of two between 1 and 256, like 16")
     return value
 
 
 def size(text: str) -> int:
-    """A positive size: '40GiB', '512MB', '1.5G' or bytes (binary units: GB == GiB)."""
+    """A positive size: '40GiB', '512MB', '1.5G' or bytes (binary units: GB == GiB), below 8 EiB."""
     from .config import parse_bytes  # here: config brings torch, which --help does not need
 
+    if len(text) > 100:
+        raise OptionError(f"cannot read {_shown(text)} as a size; write it like '40GiB', '512MiB' or a byte count")
+    whole = re.fullmatch(r"\s*([0-9]+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
     try:
-        return parse_bytes(text)
+        if whole and int(whole.group(1)):  # exact: through a float, 2**53 + 1 bytes would lose its 1
+            value = int(whole.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[whole.group(2)]
+        else:
+            value = parse_bytes(text)
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    except OverflowError:  # '1e400GiB', 400 digits: infinity
+        value = INT64_MAX + 1
+    if value > INT64_MAX:
+        raise OptionError(f"size {_shown(text)} is too large (at most 8 EiB; the machine has far less)")
+    if value < 1:  # '.1': a positive number, but no byte (found by fuzzing)
+        raise OptionError(f"size {_shown(text)} is less than one byte")
+    return value
 
 
 def nonneg_size(text: str) -> int:
@@ -92,23 +156,30 @@ def length_range(text: str) -> tuple[int, int]:
     """'32' -> (32, 32), '16-64' -> (16, 64)."""
     from .workload import parse_range
 
+    if len(text) > 100:
+        raise OptionError(f"length range {_shown(text)} must be a number or LO-HI, like 32 or 16-64")
     try:
-        return parse_range(text, "length range")
+        lo, hi = parse_range(text, "length range")
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    if hi > MAX_TOKENS:
+        raise OptionError(f"length range {_shown(text)}: {hi:,} is more than {MAX_TOKENS:,} tokens")
+    return lo, hi
 
 
 def seconds(text: str) -> float:
     value = _number(text)
     if not 0 <= value < math.inf:  # also refuses NaN
-        raise OptionError(f"{text!r} must be a number of seconds >= 0")
+        raise OptionError(f"{_shown(text)} must be a number of seconds >= 0")
+    if value > MAX_STEP_DELAY:
+        raise OptionError(f"{_shown(text)} is more than {MAX_STEP_DELAY:g} seconds")
     return value
 
 
 def refresh_rate(text: str) -> float:
     value = _number(text)
     if not 0.5 <= value <= 10:  # also refuses NaN
-        raise OptionError(f"{text!r} must be between 0.5 and 10 updates per second")
+        raise OptionError(f"{_shown(text)} must be between 0.5 and 10 updates per second")
     return value
 
 
@@ -116,19 +187,24 @@ def _number(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise OptionError(f"{text!r} is not a number") from None
+        raise OptionError(f"{_shown(text)} is not a number") from None
 
 
 def out_path(text: str) -> Path:
-    """A file the run can write at the end: its folder exists and takes new files, and it is no folder."""
+    """A file the run can write at the end: its folder exists and takes new files, and it is absent or a
+    regular file (not a folder, a device such as /dev/null, a FIFO)."""
     path = Path(text).expanduser()
     if not path.parent.is_dir():
-        raise OptionError(f"the folder of {text!r} does not exist")
-    if path.is_dir():
-        raise OptionError(f"{text!r} is a folder; give a file name")
+        raise OptionError(f"the folder of {_shown(text)} does not exist")
+    what = not_a_file(path)
+    if what == "a folder":
+        raise OptionError(f"{_shown(text)} is a folder; give a file name")
+    if what is not None:
+        raise OptionError(f"{_shown(text)} is {what}, not a regular file; give a file name (kvscope writes only "
+                          "regular files)")
     why = unwritable(path)
     if why is not None:
-        raise OptionError(f"cannot write {text!r} ({why}); choose another folder")
+        raise OptionError(f"cannot write {_shown(text)} ({why}); choose another folder")
     return path
 
 
@@ -166,7 +242,7 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(("--model", "-m"), WORKLOAD, "'tiny' (random, instant), 'smollm2' (real, ~15 s to load), a local "
                "folder or a cached Hugging Face id (default: tiny)", default="tiny"),
     OptionSpec(("--requests", "-n"), WORKLOAD, "number of synthetic requests (random token ids; default 16)",
-               type=positive_int),
+               type=num_requests),
     OptionSpec(("--prompts", "-p"), WORKLOAD, "UTF-8 text file with one prompt per line (in %%%%kvscope: the "
                "cell's lines)", metavar="FILE"),
     OptionSpec(("--prompt-len",), WORKLOAD, "synthetic prompt length in tokens, drawn uniformly (default 32-256)",
@@ -175,13 +251,14 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                "(default 32-128 for synthetic requests, 64 for prompts, which may also stop at EOS)",
                type=length_range, metavar="LO[-HI]"),
     OptionSpec(("--shared-prefix",), WORKLOAD, "tokens of one common prefix at the start of every synthetic "
-               "prompt (prefix caching)", type=nonneg_int, default=0, metavar="TOKENS"),
+               "prompt (prefix caching)", type=tokens, default=0, metavar="TOKENS"),
     OptionSpec(("--ignore-eos",), WORKLOAD, "never stop a prompt's output at EOS", default=False,
                action="store_true"),
     OptionSpec(("--temperature", "-t"), SAMPLING, "0 = greedy (default)", type=float, default=0.0),
-    OptionSpec(("--top-k",), SAMPLING, "keep the k most likely tokens (0 = off)", type=int, default=0),
+    OptionSpec(("--top-k",), SAMPLING, "keep the k most likely tokens (0 = off)", type=int64, default=0),
     OptionSpec(("--top-p",), SAMPLING, "nucleus sampling mass (1 = off)", type=float, default=1.0),
-    OptionSpec(("--seed",), SAMPLING, "seed of the synthetic workload and of sampling (default 0)", type=int,
+    OptionSpec(("--seed",), SAMPLING, "seed of the synthetic workload and of sampling, 0 to 2**64 - 1 (default 0)",
+               type=seed,
                default=0),
     OptionSpec(("--block-size",), ENGINE, "tokens per KV block (power of 2; default 16)", type=block_size,
                default=16),
@@ -200,7 +277,8 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(("--step-delay",), ENGINE, "sleep between steps, to watch a fast model (e.g. 0.02)", type=seconds,
                default=0.0, metavar="SECONDS"),
     OptionSpec(("--out",), OUTPUTS, "write PREFIX.html, PREFIX.trace.json and PREFIX.metrics.jsonl (default "
-               "kvscope-run)", default="kvscope-run", metavar="PREFIX", faces=(CLI,)),
+               "kvscope-run); a folder (or a path ending in /): the files go inside it, as "
+               "FOLDER/kvscope-run.*", default="kvscope-run", metavar="PREFIX", faces=(CLI,)),
     OptionSpec(("--trace",), OUTPUTS, "write a Perfetto / Chrome trace JSON at the end (kvscope run: instead "
                "of PREFIX.trace.json)", type=out_path, metavar="PATH"),
     OptionSpec(("--metrics",), OUTPUTS, "write metrics JSON Lines at the end (kvscope run: instead of "

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import enum
 import itertools
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
+from .validation import UINT64_MAX, check_bool, check_int, check_real, token_ids
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): at 1e-5 a logit gap of 0.001 is already a
+# factor e^100 between two tokens, so the distribution is the argmax to float32 precision, while
+# dividing by a smaller temperature could overflow the logits to inf and the probabilities to NaN.
+TEMPERATURE_FLOOR = 1e-5
+
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How to pick tokens for one request. ``temperature=0`` is greedy."""
+    """How to pick tokens for one request. ``temperature=0`` is greedy, and so is any temperature
+    below ``TEMPERATURE_FLOOR`` (it is stored as 0). ``seed``: an unsigned 64-bit integer
+    (``0 <= seed < 2**64``) or ``None`` (the global generator). Checked at construction and again when
+    a request is made from it (``validate``): a wrong type raises ``TypeError``, a wrong value
+    ``ValueError``, each naming the field."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -22,17 +34,28 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer of at least 1")
-        if not 0.0 <= self.temperature < float("inf"):  # also catches NaN
-            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0 means greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be a non-negative integer (0 turns it off)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 turns it off)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r} must be an integer or None")
-        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check (and normalise) every field; ``Engine.make_request`` calls it again, so params
+        changed after construction cannot reach the sampler unchecked."""
+        self.max_tokens = check_int("max_tokens", self.max_tokens, 1)
+        self.temperature = check_real("temperature", self.temperature, 0.0,
+                                      must="a finite number >= 0 (0 means greedy)")
+        if self.temperature < TEMPERATURE_FLOOR:
+            self.temperature = 0.0
+        self.top_k = check_int("top_k", self.top_k, 0, must="a non-negative integer (0 turns it off)")
+        self.top_p = check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True, must="in (0, 1] (1 turns it off)")
+        self.seed = check_int("seed", self.seed, 0, UINT64_MAX, optional=True,
+                              must="an unsigned 64-bit integer (0 to 2**64 - 1) or None")
+        if isinstance(self.stop_token_ids, numbers.Integral):
+            raise TypeError(f"stop_token_ids={self.stop_token_ids!r} must be a list of token ids, e.g. "
+                            f"[{self.stop_token_ids!r}]")
+        ids = token_ids(self.stop_token_ids, "stop_token_ids", text_ok=False, set_ok=True)
+        if any(t < 0 for t in ids):
+            raise ValueError(f"stop_token_ids={ids!r} must be non-negative token ids")
+        self.stop_token_ids = ids
+        self.ignore_eos = check_bool("ignore_eos", self.ignore_eos)
 
     @property
     def greedy(self) -> bool:

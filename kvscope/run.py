@@ -110,8 +110,14 @@ class Run:
         return self._cached("requests", lambda: metrics.requests_frame(self.records, self.events, self.t0_ns))
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits."""
-        return metrics.summary(self.records, self.events, self.meta, self.requests)
+        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits. A watched
+        vLLM run (``meta["watch"]``) adds its counters, KV event counts, estimates and per-engine split."""
+        out = metrics.summary(self.records, self.events, self.meta, self.requests)
+        if "watch" in self.meta:
+            from .watch.summary import watch_summary
+
+            out.update(watch_summary(self.meta["watch"]))
+        return out
 
     def page_map_at(self, step: int) -> list[PageEntry]:
         """Every block's ``PageEntry`` after ``step`` (from the last full snapshot and the diffs since)."""
@@ -119,9 +125,14 @@ class Run:
 
     # ---- exports -------------------------------------------------------------------------------
     def save_trace(self, path: str | os.PathLike) -> Path:
-        """Perfetto / Chrome trace JSON (open in ui.perfetto.dev); also loadable with ``kvscope.load``."""
+        """Perfetto / Chrome trace JSON (open with ``kvscope view PATH --perfetto``, offline); also loadable with ``kvscope.load``."""
         meta = {**self.meta, "t0_ns": self.t0_ns}  # a hand-made run may lack t0_ns
-        return write_trace(path, self.records, self.events, meta, self.profiler_events)
+        lanes = ()
+        if "watch" in meta:  # a watched vLLM run: a process per engine
+            from .watch.summary import engine_tracks
+
+            lanes = engine_tracks(meta["watch"], meta["t0_ns"])
+        return write_trace(path, self.records, self.events, meta, self.profiler_events, lanes)
 
     def save_metrics(self, path: str | os.PathLike) -> Path:
         """JSON Lines: a header with ``meta``, one line per step and per request event, an end line."""
@@ -129,14 +140,22 @@ class Run:
 
     def save_html(self, path: str | os.PathLike) -> Path:
         """A standalone HTML report (``kvscope.widgets.report``, imported here: widgets never import
-        ``kvscope.run``, so the dependency goes one way)."""
-        from .widgets.report import save_html
+        ``kvscope.run``, so the dependency goes one way); a watched vLLM run has its own
+        (``kvscope.widgets.watch_report``)."""
+        if "watch" in self.meta:
+            from .widgets.watch_report import save_html
+        else:
+            from .widgets.report import save_html
 
         return save_html(self, path)
 
     def show(self) -> None:
-        """Replay the run in a notebook: the dashboard's panels and a page-map step slider."""
-        from .widgets.report import show
+        """Replay the run in a notebook: the dashboard's panels and a page-map step slider (a watched
+        vLLM run: its watch panels)."""
+        if "watch" in self.meta:
+            from .widgets.watch_report import show
+        else:
+            from .widgets.report import show
 
         show(self)
 

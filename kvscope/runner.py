@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import AttentionMetadata
-from .config import ModelSpec
+from .attention import AttentionMetadata, use_metadata
+from .config import LayerSpec, ModelSpec
 from .kernels import KernelBackend
 from .request import Request
 from .sampler import sample
@@ -42,26 +42,31 @@ class ModelRunner:
         self.block_size = block_size
         self.backend = backend
         self.device = device
+        # one spec per KV layer (the probe's), or num_layers alike ones from the spec's fields
+        self.layers: tuple[LayerSpec, ...] = spec.layers or (
+            LayerSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim),
+        ) * spec.num_layers
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv(num_blocks)
 
+
     def allocate_kv(self, num_blocks: int) -> None:
-        """Per layer, K and V pages ``[num_blocks, block_size, num_kv_heads, head_dim]``, zeroed (so a
-        masked-out page never holds NaN)."""
+        """Per KV layer, K pages ``[num_blocks, block_size, num_kv_heads, head_dim]`` and V pages
+        ``[..., head_dim_v]`` of that layer's own shape, zeroed (so a masked-out page never holds NaN)."""
         self.kv_caches = []  # free the old pages first
-        shape = (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        dev, dtype, bs = self.device, self.spec.dtype, self.block_size
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.spec.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.spec.dtype, device=self.device),
+                torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.head_dim), dtype=dtype, device=dev),
+                torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.value_dim), dtype=dtype, device=dev),
             )
-            for _ in range(self.spec.num_layers)
+            for layer in self.layers
         ]
         self.num_blocks = num_blocks
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
 
     def prepare(self, sched: SchedulerOutput) -> ModelInput:
         """Pack the scheduled tokens: decodes (one token) first, then prefill chunks.
@@ -103,11 +108,19 @@ class ModelRunner:
         dev = self.device
         seq_lens_list = seq_lens.tolist()
         block_tables_t = torch.from_numpy(block_tables).to(dev)
-        plan = None
-        if self.backend.build_plan is not None:
-            spec = self.spec
-            plan = self.backend.build_plan(block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
-                              spec.num_heads // spec.num_kv_heads, spec.dtype, spec.num_kv_heads * spec.head_dim)
+        layers = self.layers
+        plans = None
+        if self.backend.build_plan is not None:  # one plan per kind of layer, shared by its layers
+            by_kind = {}
+            for layer in layers:
+                if layer.kind not in by_kind:
+                    by_kind[layer.kind] = self.backend.build_plan(
+                        block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
+                        layer.num_heads // layer.num_kv_heads, self.spec.dtype,
+                        layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
+                        chunk=layer.attention_chunk, exact=bool(layer.softcap) or layer.sinks,
+                    )
+            plans = [by_kind[layer.kind] for layer in layers]
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             block_tables=block_tables_t,
@@ -118,7 +131,8 @@ class ModelRunner:
             seq_lens_list=seq_lens_list,
             kv_caches=self.kv_caches,
             backend=self.backend,
-            plan=plan,
+            layers=layers,
+            plans=plans,
         )
         return ModelInput(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],
@@ -132,23 +146,32 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> torch.Tensor:
         """Run the model over the packed batch; logits only where a token is sampled: ``[S, vocab]``."""
-        out = self.model(
-            input_ids=inp.input_ids,
-            position_ids=inp.positions,
-            use_cache=False,
-            logits_to_keep=inp.logits_indices,
-            kvscope_meta=inp.meta,
-        )
-        if inp.meta.num_layer_calls != self.spec.num_layers:
+        with use_metadata(inp.meta):
+            logits = call_model(self.model, inp.input_ids, inp.positions, inp.logits_indices)
+        if inp.meta.num_layer_calls != len(self.kv_caches):
             raise RuntimeError(
-                f"the model ran the kvscope attention {inp.meta.num_layer_calls} times for "
-                f"{self.spec.num_layers} layers: its attention does not go through transformers' "
-                "AttentionInterface, so kvscope cannot run it"
+                f"the model ran the kvscope attention {inp.meta.num_layer_calls} times in this step but "
+                f"{len(self.kv_caches)} times in the probe at Engine(): its attention layers depend on the input"
             )
-        return out.logits[0].float()  # [S, vocab]
+        return logits.float()  # [S, vocab]
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, inp: ModelInput) -> list[int]:
         if not inp.sample_requests:
             return []
         return sample(logits, inp.sample_requests)
+
+
+def call_model(
+    model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor | None
+) -> torch.Tensor:
+    """The one way the engine (and its probe) calls a model: a packed ``[1, T]`` batch with explicit
+    positions and no transformers cache; logits of the rows in ``logits_indices`` (all when None)."""
+    out = model(
+        input_ids=input_ids,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=0 if logits_indices is None else logits_indices,
+    )
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits[0]  # [S, vocab]

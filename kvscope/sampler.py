@@ -34,7 +34,10 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     picked = greedy.clone()
     params = [requests[i].sampling_params for i in rows]
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
-    sub = logits[rows] / temps[:, None]
+    sub = logits[rows]  # [R, V]
+    # shifted so each row's best logit is 0 before dividing: a small temperature (at least
+    # TEMPERATURE_FLOOR) can push the others to -inf, never the best one to inf (no NaN probabilities)
+    sub = (sub - sub.amax(dim=-1, keepdim=True)) / temps[:, None]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         top_k = torch.tensor([p.top_k for p in params], device=logits.device)
         top_p = torch.tensor([p.top_p for p in params], device=logits.device, dtype=torch.float32)

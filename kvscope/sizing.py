@@ -9,6 +9,7 @@ import torch
 
 from .block_pool import BlockPool
 from .config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelSpec, cdiv
+from .host import check_kv_fits
 from .kv_cache_manager import KVCacheManager
 from .request import Request, SamplingParams
 from .runner import ModelRunner
@@ -36,20 +37,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"dtype={dtype!r} must be one of float32, float16, bfloat16 or auto") from None
 
 
-def resolve_max_model_len(config: EngineConfig, spec: ModelSpec, hf_config) -> int:
-    """``config.max_model_len``, checked against the model's positions and its sliding window
-    (kvscope attends over the full context, which equals sliding-window attention up to the window)."""
+def resolve_max_model_len(config: EngineConfig, spec: ModelSpec, hf_config=None) -> int:
+    """``config.max_model_len``, checked against the positions the model has (``spec.max_model_len``).
+    Sliding windows and attention chunks are run as such, so they do not limit the length."""
     limit = spec.max_model_len
-    window = getattr(hf_config.get_text_config(), "sliding_window", None)
     wanted = config.max_model_len
-    if window:
-        if wanted is not None and wanted > window:
-            raise ValueError(
-                f"max_model_len={wanted} exceeds the model's sliding window ({window}); kvscope implements "
-                f"full attention only, which equals sliding-window attention up to {window} tokens: "
-                f"set max_model_len <= {window}"
-            )
-        limit = min(limit, window)
     if wanted is not None and wanted > limit:
         raise ValueError(f"max_model_len={wanted} exceeds what the model supports ({limit})")
     return wanted or limit
@@ -61,6 +53,8 @@ def resolve_num_blocks(config: EngineConfig, spec: ModelSpec, runner: ModelRunne
     bs = config.block_size
     per_block = spec.kv_bytes_per_block(bs)
     if config.num_blocks is not None:
+        if runner.device.type == "cpu":  # refused before allocating, not by the OOM killer mid-run
+            check_kv_fits(config.num_blocks, per_block, f"num_blocks={config.num_blocks}")
         return config.num_blocks
     if config.kv_cache_memory is not None:
         budget, source = int(config.kv_cache_memory), f"kv_cache_memory={config.kv_cache_memory}"
@@ -76,6 +70,8 @@ def resolve_num_blocks(config: EngineConfig, spec: ModelSpec, runner: ModelRunne
             f"the KV budget ({source}: {budget} bytes) cannot hold one block: a block of {bs} tokens "
             f"over {spec.num_layers} layers needs {per_block} bytes; give more memory or num_blocks"
         )
+    if runner.device.type == "cpu":
+        check_kv_fits(num_blocks, per_block, source)
     return num_blocks
 
 

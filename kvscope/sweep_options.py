@@ -50,7 +50,8 @@ def listed(spec: OptionSpec) -> Callable[[str], Values]:
 
 
 def add_sweep_options(parser: argparse.ArgumentParser, face: str) -> None:
-    """The run options of ``face`` but the outputs (each face adds its own), single values also as lists."""
+    """The run options of ``face`` but the outputs (each face adds its own), single values also as lists
+    (the command's description says so once, rather than every option's help)."""
     groups: dict[str, Any] = {}
     for spec in RUN_OPTIONS:
         if face not in spec.faces or spec.group == OUTPUTS:
@@ -58,6 +59,6 @@ def add_sweep_options(parser: argparse.ArgumentParser, face: str) -> None:
         if spec.group not in groups:
             groups[spec.group] = parser.add_argument_group(spec.group)
         if sweepable(spec):
-            spec = dataclasses.replace(spec, type=listed(spec), choices=None,
-                                       help=spec.help + "; a comma-separated list sweeps it")
+            metavar = spec.metavar or ("{" + ",".join(spec.choices) + "}" if spec.choices else None)
+            spec = dataclasses.replace(spec, type=listed(spec), choices=None, metavar=metavar)
         spec.add_to(groups[spec.group])

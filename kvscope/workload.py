@@ -7,7 +7,8 @@ or token ids, and its ``SamplingParams``).
 - ``synthetic_workload``: seeded random token-id prompts with lengths drawn from ranges, optionally all
   starting with one shared prefix (to exercise prefix caching). Output lengths are exact because the
   requests ignore EOS, the usual choice for benchmarks.
-- ``read_prompts``: one prompt per line of a UTF-8 text file, with errors that say what is wrong.
+- ``read_prompts``: one prompt per line (``\\n`` or ``\\r\\n``) of a UTF-8 text file, a pipe or a FIFO, with
+  errors that say what is wrong and on which line.
 - ``prompts_workload``: text prompts with output lengths drawn from a range; EOS ends them.
 """
 
@@ -64,6 +65,8 @@ def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **cha
     """A copy of ``base`` for request ``index``: its own length, and its own seed when one is set
     (seed + index), so sampled requests differ from each other and the run is still reproducible."""
     seed = None if base.seed is None else base.seed + index
+    if seed is not None and seed >= 2**64:  # past torch's 64 bits: wrap around
+        seed -= 2**64
     return replace(base, max_tokens=max_tokens, seed=seed, **changes)
 
 
@@ -111,25 +114,37 @@ def read_prompts(path: str | Path) -> list[str]:
     return [prompt for _, prompt in read_prompt_lines(path)]
 
 
+MAX_PROMPTS_FILE_BYTES = 256 << 20  # 256 MiB of prompts: far beyond a run's worth
+
+
 def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
-    """``read_prompts`` with each prompt's line number (from 1)."""
+    """``read_prompts`` with each prompt's line number (from 1). Any readable file works: a regular file,
+    a pipe or FIFO (``/dev/stdin``, ``<(...)``), read once to the end."""
     path = Path(path).expanduser()
-    if not path.exists():
-        raise ValueError(f"prompts file {str(path)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"prompts file {str(path)!r} is a folder; give a text file with one prompt per line")
+    shown = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # bytes: no newline translation, so line numbers are the file's own
+            data = f.read(MAX_PROMPTS_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"prompts file {shown!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"prompts file {shown!r} is a folder; give a text file with one prompt per line") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read prompts file {shown!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPTS_FILE_BYTES:
+        raise ValueError(f"prompts file {shown!r} is larger than {MAX_PROMPTS_FILE_BYTES >> 20} MiB; "
+                         "give fewer prompts")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
         raise ValueError(
-            f"prompts file {str(path)!r} is not UTF-8 text (byte {exc.start} cannot be decoded); "
+            f"prompts file {shown!r} is not UTF-8 text (byte {exc.start} cannot be decoded) on line {line}; "
             "save it as UTF-8 with one prompt per line"
         ) from None
-    except OSError as exc:
-        raise ValueError(f"cannot read prompts file {str(path)!r}: {exc.strerror or exc}") from None
     prompts = numbered_prompts(text)
     if not prompts:
-        raise ValueError(f"prompts file {str(path)!r} has no prompts: write one prompt per line")
+        raise ValueError(f"prompts file {shown!r} has no prompts: write one prompt per line")
     return prompts
 
 
@@ -139,9 +154,11 @@ def prompts_from_text(text: str) -> list[str]:
 
 
 def numbered_prompts(text: str) -> list[tuple[int, str]]:
-    """``prompts_from_text`` with each prompt's line number (from 1)."""
-    lines = text.removeprefix("\ufeff").splitlines()
-    return [(n, line.rstrip("\r")) for n, line in enumerate(lines, 1) if line.strip()]
+    """``prompts_from_text`` with each prompt's line number (from 1). Lines end at ``\\n`` (or ``\\r\\n``)
+    only: other characters ``str.splitlines`` breaks at (``\\r``, ``\\x0b``, ``\\x1c``, ``\\u2028``, ...)
+    stay inside their prompt, so a line of the file is one prompt and error messages name the right line."""
+    lines = text.removeprefix("\ufeff").split("\n")
+    return [(n, line.removesuffix("\r")) for n, line in enumerate(lines, 1) if line.strip()]
 
 
 def prompts_workload(

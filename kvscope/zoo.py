@@ -62,12 +62,18 @@ SHRINK: dict[str, int] = {
                      "num_dense_layers"), 1),
     "time_step_rank": 8,
     "moe_k": 2,
+    "n_shared_experts": 1,
     "vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
     "decoder_start_token_id": 1,
 }
+# sizes whose None means "off" (a full-attention model), not "unset"
+OPTIONAL = frozenset({"sliding_window", "attention_chunk_size", "sliding_window_size", "attention_window_size",
+                      "local_attention_window_len", "q_lora_rank"})  # fmt: skip
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 
 
@@ -107,7 +113,8 @@ def _is_size(value: Any) -> bool:
 def _shrunk(text: Any) -> dict[str, Any]:
     """Overrides for one (text) config: every known size, and per-layer lists cut to the kept layers."""
     values = text.to_dict()
-    overrides = {k: v for k, v in SHRINK.items() if k in values and _is_size(values[k])}
+    overrides = {k: v for k, v in SHRINK.items() if k in values and _is_size(values[k])
+                 and not (k in OPTIONAL and values[k] is None)}  # fmt: skip
     if values.get("kv_lora_rank") and "num_key_value_heads" in overrides:  # MLA: one K/V per query head
         overrides["num_key_value_heads"] = overrides.get("num_attention_heads", 4)
     if "is_decoder" in values:  # BERT-style models are causal LMs only as decoders
@@ -123,8 +130,24 @@ def _shrunk(text: Any) -> dict[str, Any]:
         for key, value in values.items():  # per-layer lists and pattern strings ("M-M*-...")
             if isinstance(value, (list, tuple, str)) and len(value) == default and key not in overrides:
                 overrides[key] = value[:keep] if not isinstance(value, tuple) else list(value[:keep])
+            elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+                overrides[key] = {k: _per_layer(v, values) for k, v in value.items() if int(k) < keep}
     overrides["initializer_range"] = 0.25  # spread the logits: greedy is not decided by rounding noise
     return overrides
+
+
+def _per_layer(layer: Any, values: dict[str, Any]) -> Any:
+    """One layer's overrides (Gemma 4's wider global heads): shrunk too, twice the size where it was larger."""
+    if not isinstance(layer, dict):
+        return layer
+    out = dict(layer)
+    for key, value in layer.items():
+        if key in SHRINK and isinstance(value, int) and not isinstance(value, bool):
+            base = values.get(key)
+            out[key] = SHRINK[key] * (2 if isinstance(base, int) and value > base else 1)
+    if "kv_lora_rank" in out and "num_key_value_heads" in out:  # MLA: one K/V per query head
+        out["num_key_value_heads"] = out.get("num_attention_heads", SHRINK["num_attention_heads"])
+    return out
 
 
 def tiny_config(model_type: str) -> Any:

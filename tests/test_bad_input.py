@@ -92,11 +92,15 @@ def test_pool_smaller_than_one_request_fails_alone():
     assert engine.pool.num_free_blocks == 6
 
 
-def test_model_that_is_not_full_attention_is_refused():
-    model = build_tiny_model("mistral", sliding_window=64)
-    with pytest.raises(ValueError, match="sliding window"):
-        Engine(model, num_blocks=8, max_model_len=256)
-    assert Engine(build_tiny_model("mistral", sliding_window=64), num_blocks=8).max_model_len == 64
+def test_sliding_window_models_run_past_their_window_and_others_are_refused():
+    """Sliding windows are implemented (issue 14): the window no longer caps max_model_len. A model whose
+    layers compute attention themselves is refused at Engine() with the reason (tests/test_probe.py)."""
+    from kvscope.attention import UnsupportedModelError
+    from kvscope.zoo import tiny_model
+
+    engine = Engine(build_tiny_model("mistral", sliding_window=64), num_blocks=8, max_model_len=256)
+    assert engine.max_model_len == 256 and {x.sliding_window for x in engine.spec.layers} == {64}
     qwen = build_tiny_model("qwen2", use_sliding_window=True, sliding_window=32, max_window_layers=1)
-    with pytest.raises(ValueError, match="sliding_attention"):
-        Engine(qwen, num_blocks=8)
+    assert [x.sliding_window for x in Engine(qwen, num_blocks=8).spec.layers] == [None, 32]
+    with pytest.raises(UnsupportedModelError, match="bloom model: its layers never call"):
+        Engine(tiny_model("bloom"), num_blocks=8)

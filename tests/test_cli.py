@@ -159,6 +159,12 @@ def test_view_bad_input(saved_run, tmp_path, capsys):
     assert_usage_error(run_main(capsys, "view", str(saved_run), "-o", str(tmp_path / "no" / "x.html")),
                        r"folder of .* does not exist")
     assert_usage_error(run_main(capsys, "view"), r"required: TRACE")
+    before = saved_run.read_bytes()
+    assert_usage_error(run_main(capsys, "view", str(saved_run), "-o", str(saved_run.parent / "." / saved_run.name)),
+                       r"-o '.*saved.trace.json' is the same file as the trace '.*saved.trace.json'; writing it "
+                       r"would destroy that input")
+    assert_usage_error(run_main(capsys, "view", str(saved_run), "-o", "/dev/null"), r"is a character device")
+    assert saved_run.read_bytes() == before
     foreign = tmp_path / "foreign.json"
     foreign.write_text('{"traceEvents": []}')
     code, err = run_main(capsys, "view", str(foreign))
@@ -211,6 +217,21 @@ def test_run_synthetic_quiet_with_profile(tmp_path):
     (["--model", "./no/such/folder"], r"model folder './no/such/folder' does not exist"),
     (["--out", "/no/such/folder/x"], r"folder of .* does not exist"),
     (["--frobnicate"], r"unrecognized arguments: --frobnicate.*kvscope run --help"),
+    # numbers at the edges: refused by the option's parser, not deep inside the run
+    (["--seed", "1" + "0" * 25], r"--seed: '10+' is too large \(at most 18,446,744,073,709,551,615\)"),
+    (["--seed", "-1"], r"--seed: '-1' must be 0 or more"),
+    (["--kv-memory", "9" * 30 + "GiB"], r"--kv-memory: size '9+GiB' is too large"),
+    (["--kv-memory", "9" * 400 + "GiB"], r"--kv-memory: cannot read '9+'\.\.\. \(403 characters\) as a size"),
+    (["--kv-memory", ".1"], r"--kv-memory: size '\.1' is less than one byte"),
+    (["--num-blocks", "9" * 5000], r"--num-blocks: '9+'\.\.\. \(5,000 characters\) is too large"),
+    (["--top-k", "9" * 30], r"--top-k: '9+' is too large"),
+    (["--requests", "10000000000"], r"--requests/-n: '10000000000' is too large \(at most 100,000\)"),
+    (["--prompt-len", "99999999"], r"--prompt-len: length range '99999999': 99,999,999 is more than 16,777,216"),
+    (["--step-delay", "1e300"], r"--step-delay: '1e300' is more than 60 seconds"),
+    (["--max-new", "5"], r"unrecognized arguments: --max-new 5"),  # no abbreviations: the magic has no --out
+    # outputs that would destroy each other or a device
+    (["--out", "x", "--trace", "x.html"], r"--trace 'x.html' and the html file of --out 'x.html' are the same file"),
+    (["--html", "/dev/null"], r"--html: '/dev/null' is a character device, not a regular file"),
 ])
 def test_run_bad_input(capsys, args, pattern):
     assert_usage_error(run_main(capsys, "run", *args), pattern)
@@ -264,6 +285,19 @@ def test_demo_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "demo model: tiny" in proc.stdout
     check_demo_outputs(tmp_path / "demo", proc.stdout)
+
+
+def test_run_and_demo_write_inside_a_folder_given_as_out(tmp_path):
+    import argparse
+
+    from kvscope.cli_run import output_paths
+
+    for name in ("kvscope-run", "kvscope-demo"):
+        for out in (str(tmp_path), str(tmp_path) + "/"):
+            paths = output_paths(argparse.Namespace(out=out), name)
+            assert paths == {"html": tmp_path / f"{name}.html", "trace": tmp_path / f"{name}.trace.json",
+                             "metrics": tmp_path / f"{name}.metrics.jsonl"}
+    assert output_paths(argparse.Namespace(out=str(tmp_path / "r")), "kvscope-run")["html"] == tmp_path / "r.html"
 
 
 def test_demo_bad_input(capsys, tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import hf_greedy
+from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, SamplingParams
 from kvscope.models import build_tiny_model, build_tiny_tokenizer, load_model, smollm2_path
@@ -65,3 +65,60 @@ def test_smollm2_full_32_tokens_in_a_batch(smollm2):
 def test_unknown_embedded_arch():
     with pytest.raises(ValueError, match="unknown model 'tiny-bert'"):
         load_model("tiny-bert")
+
+
+# ---- every attention feature, through the engine, against transformers (issue 14) -------------------
+
+FEATURE_TYPES = {  # model type: what its layers do (tiny configs of kvscope.zoo: windows and chunks of 16)
+    "gemma2": "sliding + full layers, logit softcapping",
+    "gemma3_text": "five sliding layers to one full",
+    "gemma4_text": "sliding layers of head size 16, full ones of 32",
+    "gpt_oss": "sliding + full layers, attention sinks",
+    "cohere2": "sliding + full layers",
+    "ministral": "sliding layers only",
+    "olmo3": "sliding + full layers",
+    "llama4_text": "chunked + full (NoPE) layers",
+    "deepseek_v3": "MLA: keys of 32, values of 16",
+}
+FEATURE_SCENARIOS = {
+    "batched-bs16": dict(block_size=16, num_blocks=256, max_num_batched_tokens=2048),
+    "chunked-bs8": dict(block_size=8, num_blocks=256, max_num_batched_tokens=24),
+    "preempt-bs4": dict(block_size=4, num_blocks=48, max_num_batched_tokens=64),
+}
+FEATURE_PROMPTS = random_prompts(10, 1, 60, seed=2, shared_prefix=30, num_shared=4)  # past every window
+
+
+def own_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate with the model's own attention implementation, never stopping early."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0)
+    try:
+        out = model.generate(torch.tensor([prompt]))
+    finally:
+        model.generation_config = saved
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module", params=list(FEATURE_TYPES))
+def feature_refs(request):
+    from kvscope.zoo import tiny_model
+
+    model = tiny_model(request.param)
+    return request.param, [own_greedy(model, p, 16) for p in FEATURE_PROMPTS]
+
+
+@pytest.mark.parametrize("scenario", list(FEATURE_SCENARIOS))
+def test_windows_sinks_softcaps_chunks_and_mla_match_transformers(feature_refs, scenario):
+    from kvscope.zoo import tiny_model
+
+    model_type, refs = feature_refs
+    engine = Engine(tiny_model(model_type), **FEATURE_SCENARIOS[scenario])
+    outs = engine.generate(FEATURE_PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert out.token_ids == ref, f"{model_type} ({FEATURE_TYPES[model_type]}) / {scenario}: prompt {i} differs"
+    assert engine.max_model_len > 16  # a window no longer caps the length
+    assert engine.pool.prefix_cache_hits > 0
+    if scenario.startswith("preempt"):
+        assert engine.scheduler.num_preemptions > 0

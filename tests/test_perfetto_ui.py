@@ -1,8 +1,9 @@
 """The local Perfetto UI (``kvscope.perfetto_ui``): a kvscope trace opens in it offline.
 
 The browser test loads the UI from 127.0.0.1 in headless Chromium with every request to anything but
-loopback aborted, and finds kvscope's tracks in the UI's track list; a screenshot is kept in
-``artifacts/``.
+loopback aborted, and finds kvscope's tracks in the UI's track list: the engine's steps and counters,
+and one lane per request under the "kvscope requests" process (not under "Global Legacy Events");
+screenshots are kept in ``artifacts/``.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files):
     from playwright.sync_api import sync_playwright
 
     trace, _ = run_files
+    request_ids = list(dict.fromkeys(e["request_id"] for e in json.loads(trace.read_text())["kvscope"]["events"]))
+    assert len(request_ids) == 3
     blocked: list[str] = []
     errors: list[str] = []
 
@@ -127,6 +130,18 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files):
             assert page.get_by_text("run.trace.json").count() >= 1  # the trace's name, as the UI shows it
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "perfetto_ui.png"))
+            # The request lanes belong to their process (process-local async ids), not to the UI's
+            # catch-all group of global async tracks.
+            assert page.get_by_text("Global Legacy Events").count() == 0
+            engine.click()  # fold the engine away again, so the request lanes are in view
+            page.get_by_text("kvscope requests").first.click()  # expand: one lane per request
+            for rid in request_ids:
+                page.get_by_text(rid, exact=True).first.wait_for(timeout=30_000)
+            group = page.get_by_text("kvscope requests").first.bounding_box()
+            lanes = [page.get_by_text(rid, exact=True).first.bounding_box() for rid in request_ids]
+            assert all(lane["y"] > group["y"] for lane in lanes)  # listed under the process, in order
+            assert [lane["y"] for lane in lanes] == sorted(lane["y"] for lane in lanes)
+            page.screenshot(path=str(ARTIFACTS / "perfetto_requests.png"))
         finally:
             browser.close()
     assert errors == []

@@ -38,3 +38,19 @@ def test_a_budget_below_one_block_names_the_fix():
     with pytest.raises(ValueError, match=r"cannot hold one block.*give more memory or num_blocks"):
         resolve_num_blocks(config, engine.spec, engine.runner, max_model_len=64)
     assert resolve_num_blocks(EngineConfig(block_size=16, num_blocks=5), engine.spec, engine.runner, 64) == 5
+
+
+def test_max_model_len_is_the_models_positions_whatever_its_window():
+    from types import SimpleNamespace
+
+    from kvscope.config import ModelSpec, max_positions
+    from kvscope.sizing import resolve_max_model_len
+
+    spec = ModelSpec(2, 2, 16, 4, max_model_len=4096)
+    assert resolve_max_model_len(EngineConfig(), spec) == 4096  # a sliding window no longer caps it
+    assert resolve_max_model_len(EngineConfig(max_model_len=1000), spec) == 1000
+    with pytest.raises(ValueError, match="exceeds what the model supports"):
+        resolve_max_model_len(EngineConfig(max_model_len=5000), spec)
+    # the positions limit under its other names; none usable (XLNet's -1): 2048
+    assert max_positions(SimpleNamespace(n_positions=1024)) == 1024
+    assert max_positions(SimpleNamespace(max_position_embeddings=-1)) == 2048

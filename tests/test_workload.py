@@ -1,14 +1,22 @@
-"""Workloads: synthetic seeded requests, prompt files, length ranges."""
+"""Workloads: synthetic seeded requests, prompt files (lines end at \\n only; pipes and FIFOs), length ranges."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
 
+from kvscope import workload
 from kvscope.request import SamplingParams
 from kvscope.workload import (
+    numbered_prompts,
     parse_range,
     prompts_from_text,
     prompts_workload,
+    read_prompt_lines,
     read_prompts,
     synthetic_workload,
 )
@@ -82,3 +90,50 @@ def test_prompts_workload_draws_output_lengths():
     assert items[0].num_prompt_tokens is None
     with pytest.raises(ValueError, match="no prompts"):
         prompts_workload([], (4, 4))
+
+
+# Characters str.splitlines() breaks at besides \n (and \r\n): inside a prompt they are text.
+OTHER_LINE_BOUNDARIES = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("sep", OTHER_LINE_BOUNDARIES, ids=[f"U+{ord(c):04X}" for c in OTHER_LINE_BOUNDARIES])
+def test_a_line_ends_at_newline_only(tmp_path, sep):
+    text = f"first{sep}still the first\r\nsecond\n\n{sep}fourth{sep}{sep}end\n"
+    assert numbered_prompts(text) == [(1, f"first{sep}still the first"), (2, "second"), (4, f"{sep}fourth{sep}{sep}end")]
+    path = tmp_path / "p.txt"
+    path.write_bytes(text.encode())
+    assert read_prompt_lines(path) == numbered_prompts(text)  # the file as it is: no newline translation
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_bytes(b"fine\nalso fine\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"not UTF-8 text \(byte 18 cannot be decoded\) on line 3"):
+        read_prompts(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_prompts_from_a_fifo_and_from_stdin(tmp_path):
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("from a pipe\n\nsecond\n"))
+    writer.start()
+    assert read_prompt_lines(fifo) == [(1, "from a pipe"), (3, "second")]
+    writer.join(10)
+    code = "from kvscope.workload import read_prompt_lines; print(read_prompt_lines('/dev/stdin'))"
+    proc = subprocess.run([sys.executable, "-c", code], input="one\ntwo\n", capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[(1, 'one'), (2, 'two')]", proc.stderr
+
+
+def test_a_huge_prompts_file_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(workload, "MAX_PROMPTS_FILE_BYTES", 100)
+    path = tmp_path / "p.txt"
+    path.write_text("a prompt\n" * 20)
+    with pytest.raises(ValueError, match=r"prompts file '.*p.txt' is larger than"):
+        read_prompts(path)
+
+
+def test_per_request_seeds_stay_within_64_bits():
+    items = prompts_workload(["a", "b", "c"], seed=1, params=SamplingParams(seed=2**64 - 2))
+    assert [i.params.seed for i in items] == [2**64 - 2, 2**64 - 1, 0]

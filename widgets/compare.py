@@ -31,7 +31,6 @@ from bokeh.models import (
     CustomJS,
     Div,
     NumeralTickFormatter,
-    PrintfTickFormatter,
     RadioButtonGroup,
     Range1d,
     Slider,
@@ -45,9 +44,9 @@ from .compare_table import Compared, MiB, header_html, run_color, summary_html
 from .feed import Tick
 from .panels.page_map import PageMapPanel
 from .report import REPLAY_JS, page_map_history
-from .theme import FULL_WIDTH, HALF_WIDTH, HEIGHT, add_hover, new_figure
+from .theme import FULL_WIDTH, HALF_WIDTH, HEIGHT, TIMES, add_hover, hover_value, new_figure, tick_formatter
 
-# (column, title, y axis label, tick format): one figure per quantity, one line per run.
+# (column, title, y axis label, tick format: theme.tick_formatter's): one figure per quantity, one line per run.
 SERIES = {
     "Throughput and batch": (
         ("output_tokens", "Output tokens so far", "tokens", "0,0"),
@@ -59,7 +58,7 @@ SERIES = {
         ("block_usage", "KV blocks used (share of the pool)", "share of pool", "0%"),
         ("kv_mib", "KV memory used (MiB)", "MiB", "0,0.[00]"),
         ("fragmentation", "Fragmentation (unused slots in used blocks)", "share of used slots", "0%"),
-        ("static_x_pool", "A static max-length reservation, in times the pool", "x the pool", "x"),
+        ("static_x_pool", "A static max-length reservation, in times the pool", "x the pool", TIMES),
     ),
     "Device memory": (("device_mib", "Device memory used (NVML, MiB)", "MiB", "0,0"),),  # GPU runs only
 }
@@ -122,10 +121,6 @@ def ecdf(samples_s) -> dict[str, list[float]]:
     return {"x": values.tolist(), "y": (np.arange(1, len(values) + 1) / max(len(values), 1)).tolist()}
 
 
-def _format_axis(fig, fmt: str) -> None:
-    fig.yaxis[0].formatter = PrintfTickFormatter(format="%.1fx") if fmt == "x" else NumeralTickFormatter(format=fmt)
-
-
 class _Builder:
     """Builds the page, keeping what the switch and the toggles drive."""
 
@@ -156,9 +151,8 @@ class _Builder:
             lines.append(line)
         fig.y_range.renderers = lines
         fig.y_range.start = 0
-        _format_axis(fig, fmt)
-        value = f"@{{{key}}}{{{'0.0' if fmt == 'x' else fmt}}}"
-        add_hover(fig, [("run", "@run"), ("step", "@step"), ("time", "@t{0.000} s"), (y_label, value)],
+        fig.yaxis[0].formatter = tick_formatter(fmt)
+        add_hover(fig, [("run", "@run"), ("step", "@step"), ("time", "@t{0.000} s"), (y_label, hover_value(key, fmt))],
                   mode="vline", renderers=lines)
         self.axes.append(fig.xaxis[0])
         return fig

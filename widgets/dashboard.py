@@ -38,14 +38,14 @@ would send (``transport.SerializingSink``), so the measured cost matches a live 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bokeh.document import Document
 from bokeh.models import CustomJS
 
 from .feed import Feed, Tick
-from .panels.base import DEFAULT_ROLLOVER
+from .panels.base import DEFAULT_ROLLOVER, Panel
 from .panels.registry import apply_tick, build_panels
 from .stats import LatencyStats
 from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink
@@ -72,6 +72,8 @@ def ensure_bokehjs() -> None:
 class Dashboard:
     """All panels, fed by ``feed`` and ticked by ``tick()`` or a background thread (``start``)."""
 
+    update_every_tick = False  # panels that read more than the feed (a watch's lanes) update on every tick
+
     def __init__(
         self,
         feed: Feed | None = None,
@@ -83,6 +85,8 @@ class Dashboard:
         headless: bool = False,
         serialize: bool = True,
         extra_controls: list | None = None,
+        panels: list[Panel] | None = None,
+        rows: Sequence[Sequence[str]] | None = None,
     ) -> None:
         self.feed = feed or Feed()
         self.control = control
@@ -90,7 +94,9 @@ class Dashboard:
         self.headless = headless
         self.extra_controls = extra_controls or []  # more widgets for the header (a replay's slider)
         self.stats = LatencyStats()
-        self.panels = build_panels(self.stats, rollover, meta)
+        # panels: another set than the run's (a watched vLLM server's), laid out in ``rows`` of names
+        self.panels = panels if panels is not None else build_panels(self.stats, rollover, meta)
+        self.rows = rows
         self.panel = {p.name: p for p in self.panels}
         self.docs: list[Document] = []
         for panel in self.panels:
@@ -118,7 +124,7 @@ class Dashboard:
         """Apply what the feed has: stats first, then every panel, in one held batch per document."""
         with self._lock:
             tick = self.feed.poll(final)
-            if tick or final:
+            if tick or final or self.update_every_tick:
                 for sender in self._senders:
                     sender.begin_batch()
                 for doc in self.docs:
@@ -191,7 +197,8 @@ class Dashboard:
             ensure_bokehjs()
             with self._lock:
                 self.view = DashboardView(self.panels, self._lock, control=self.control, refresh_hz=self.refresh_hz,
-                                          on_refresh=self.set_refresh, extra_controls=self.extra_controls)
+                                          on_refresh=self.set_refresh, extra_controls=self.extra_controls,
+                                          rows=self.rows)
                 self._senders = list(self.view.models)  # each awaits a view
             self._show_status()
         return self.view.box
@@ -200,7 +207,8 @@ class Dashboard:
         """What the status line says: the run's status (or "replay"), the step shown, requests
         finished, and an error that ended the update thread."""
         parts = [self.control.status_text if self.control is not None else "replay"]
-        step = self.panel["page_map"].step
+        page_map = self.panel.get("page_map")
+        step = page_map.step if page_map is not None else None
         if step is not None:
             parts.append(f"step {step}")
         parts.append(f"{self.stats.num_finished}/{self.stats.num_requests} requests finished")

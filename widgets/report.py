@@ -40,7 +40,7 @@ from kvscope.telemetry.records import PAGE_STATES, PageEntry, RequestEvent, Step
 
 from .dashboard import Dashboard
 from .feed import Feed
-from .panels.page_map import CELL_STYLE_JS, STATE_RANK, PageMapPanel
+from .panels.page_map import CELL_STYLE_JS, DRAFT_MARK_COLORS, STATE_RANK, PageMapPanel
 from .panels.registry import apply_tick, build_panels
 from .panels.requests_table import RequestsTable, request_texts
 from .stats import LatencyStats
@@ -61,17 +61,28 @@ class RecordedRun(Protocol):
     def page_map_at(self, step: int) -> list[PageEntry]: ...
 
 
-def page_map_history(run: RecordedRun, panel: PageMapPanel) -> dict[str, list]:
-    """The page map of every replayable step as flat arrays (see the module docstring)."""
+def _target_pages(record: StepRecord) -> tuple[dict[int, PageEntry], bool]:
+    return record.page_map, record.page_map_full
+
+
+def _draft_pages(record: StepRecord) -> tuple[dict[int, PageEntry], bool]:
+    spec = record.spec_decode
+    return (spec.draft_page_map, spec.draft_page_map_full) if spec is not None else ({}, False)
+
+
+def page_map_history(run: RecordedRun, panel: PageMapPanel, pages=_target_pages) -> dict[str, list]:
+    """The page map of every replayable step as flat arrays (see the module docstring); ``pages``:
+    a record's (entries, is a full snapshot) of the pool to replay (the draft model's: ``_draft_pages``)."""
     records = list(run.records)
-    first_full = next((i for i, r in enumerate(records) if r.page_map_full), None)
+    first_full = next((i for i, r in enumerate(records) if pages(r)[1]), None)
     hist: dict[str, list] = {k: [] for k in ("step", "full", "offset", "block", "owner", "filled", "state", "refs")}
     owners: dict[str, int] = {}
     for record in records[first_full:] if first_full is not None else []:
+        page_map, full = pages(record)
         hist["step"].append(record.step)
-        hist["full"].append(int(record.page_map_full))
+        hist["full"].append(int(full))
         hist["offset"].append(len(hist["block"]))
-        for block, entry in sorted(record.page_map.items()):
+        for block, entry in sorted(page_map.items()):
             hist["block"].append(block)
             hist["owner"].append(owners.setdefault(entry.owner, len(owners)) if entry.owner else -1)
             hist["filled"].append(entry.filled)
@@ -118,8 +129,37 @@ for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_m
   cols.color.push(style[0]); cols.alpha.push(style[1]); cols.outline.push(style[2]);
 }
 source.data = Object.assign({}, d, cols);
-label.text = "page map after step " + h.step[i] + ": " + used + " blocks used, " + cached + " cached";
+label.text = (typeof prefix === "undefined" ? "page map" : prefix) + " after step " + h.step[i] + ": " + used + " blocks used, " + cached + " cached";
 """
+
+# The draft-slot triangles of the page map at the slider's step (speculative decoding).
+MARKS_JS = """
+const m = marks, i = m.step.indexOf(slider.value), cols = {x: [], y: [], block: [], drafted: [], accepted: [], color: []};
+if (i >= 0) {
+  for (let j = m.offset[i]; j < m.offset[i + 1]; j++) {
+    const b = m.block[j], c = Math.floor(b / group), n = m.drafted[j], a = m.accepted[j];
+    cols.x.push(c % ncols + 0.3); cols.y.push(Math.floor(c / ncols) - 0.3); cols.block.push(b);
+    cols.drafted.push(n); cols.accepted.push(a); cols.color.push(colors[a == n ? 2 : a > 0 ? 1 : 0]);
+  }
+}
+source.data = cols;
+"""
+
+
+def draft_marks_history(run: RecordedRun) -> dict[str, list]:
+    """Per speculative step, the blocks that held draft slots, as flat arrays with offsets."""
+    marks: dict[str, list] = {k: [] for k in ("step", "offset", "block", "drafted", "accepted")}
+    for record in run.records:
+        if record.spec_decode is None:
+            continue
+        marks["step"].append(record.step)
+        marks["offset"].append(len(marks["block"]))
+        for block, (drafted, accepted) in sorted(record.spec_decode.draft_slots.items()):
+            marks["block"].append(block)
+            marks["drafted"].append(drafted)
+            marks["accepted"].append(accepted)
+    marks["offset"].append(len(marks["block"]))
+    return marks
 
 
 def _header(run: RecordedRun) -> Div:
@@ -160,15 +200,34 @@ def build_report(run: RecordedRun):
     label = Div(text=f"page map after step {steps[-1]}" if steps else "no page map recorded", width=480,
                 name="page-map-label")
     parts = [page_map.model, label]
+    speculative = any(r.spec_decode is not None for r in run.records)
+    draft_map: PageMapPanel = panels["draft_page_map"]
+    draft_parts = [draft_map.model] if draft_map.entries else []
     if len(steps) > 1:
         slider = Slider(start=steps[0], end=steps[-1], value=steps[-1], step=1, title="replay step", width=480,
                         name="page-map-slider")
         slider.js_on_change("value", CustomJS(
-            args={"hist": hist, "source": page_map.source, "slider": slider, "label": label,
+            args={"hist": hist, "source": page_map.source, "slider": slider, "label": label, "prefix": "page map",
                   "block_size": page_map.block_size, "group": page_map.group, "num_blocks": page_map.num_blocks},
             code=REPLAY_JS,
         ))
         parts.insert(1, slider)
+        if speculative:
+            slider.js_on_change("value", CustomJS(
+                args={"marks": draft_marks_history(run), "source": page_map.marks, "slider": slider,
+                      "group": page_map.group, "ncols": page_map.cols, "colors": list(DRAFT_MARK_COLORS)},
+                code=MARKS_JS,
+            ))
+        if draft_parts:
+            draft_label = Div(text="draft page map after the last step", width=480, name="draft-page-map-label")
+            draft_parts.append(draft_label)
+            slider.js_on_change("value", CustomJS(
+                args={"hist": page_map_history(run, draft_map, _draft_pages), "source": draft_map.source,
+                      "slider": slider, "label": draft_label, "prefix": "draft page map",
+                      "block_size": draft_map.block_size, "group": draft_map.group,
+                      "num_blocks": draft_map.num_blocks},
+                code=REPLAY_JS,
+            ))
     return column(
         _header(run),
         panels["kpi"].model,
@@ -176,6 +235,8 @@ def build_report(run: RecordedRun):
         row(panels["occupancy"].model, panels["batch"].model),
         panels["latency"].model,
         panels["timeline"].model,
+        *([panels["speculation"].model] if speculative else []),
+        *([column(*draft_parts)] if draft_parts else []),
         RequestsTable(run.requests, request_texts(run.meta)).model,
     )
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter, PrintfTickFormatter, TickFormatter
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
 
@@ -64,13 +66,45 @@ def new_figure(title: str, width: int = HALF_WIDTH, height: int = HEIGHT, **kwar
     return fig
 
 
-def style_legend(fig: figure, location: str = "top_left") -> None:
-    fig.legend.location = location
-    fig.legend.label_text_font_size = "10px"
-    fig.legend.background_fill_alpha = 0.6
-    fig.legend.spacing = 0
-    fig.legend.padding = 4
-    fig.legend.click_policy = "hide"
+# Every legend sits below its plot, outside the data (one rule for every panel, live and in reports),
+# in rows of up to ``ncols`` items; clicking an item hides its series. The figure grows by the
+# legend's rows, so the plot area keeps its size.
+LEGEND_ROW_HEIGHT = 16  # px per row of legend items (glyph and label height, plus spacing)
+LEGEND_PAD = 12  # px around the legend: its padding and its margin to the x axis
+
+
+def style_legend(fig: figure, ncols: int = 3) -> None:
+    """Move ``fig``'s legend below the plot area, horizontal, ``ncols`` items a row, click to hide."""
+    legend = fig.legend[0]
+    fig.add_layout(legend, "below")
+    legend.orientation = "horizontal"
+    legend.ncols = ncols
+    legend.location = "top_left"
+    legend.label_text_font_size = "10px"
+    legend.glyph_height, legend.glyph_width = 12, 16  # wide enough to show a dashed line
+    legend.label_height = 12
+    legend.spacing = 4
+    legend.padding = 2
+    legend.margin = 4
+    legend.border_line_alpha = 0
+    legend.click_policy = "hide"
+    rows = math.ceil(len(legend.items) / ncols)
+    fig.height += rows * LEGEND_ROW_HEIGHT + LEGEND_PAD
+
+
+# A tick / hover format: a NumeralJS format ("0%", "0,0") or TIMES, a multiple ("42.0x"), which is how
+# the static reservation reads (times the KV pool, rather than thousands of percent).
+TIMES = "x"
+
+
+def tick_formatter(fmt: str) -> TickFormatter:
+    """The axis formatter of a format (see ``TIMES``)."""
+    return PrintfTickFormatter(format="%.1fx") if fmt == TIMES else NumeralTickFormatter(format=fmt)
+
+
+def hover_value(field: str, fmt: str) -> str:
+    """A hover tooltip's value of ``field`` in a format (see ``TIMES``)."""
+    return f"@{{{field}}}{{0.0}}x" if fmt == TIMES else f"@{{{field}}}{{{fmt}}}"
 
 
 def add_hover(fig: figure, tooltips: list[tuple[str, str]], mode: str = "mouse", renderers=None) -> None:

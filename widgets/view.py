@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -18,7 +19,8 @@ from .transport import ViewGate, parse_ack
 
 REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the control
 # Rows of panel names; a row with two panels puts them side by side.
-ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",))
+ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",), ("speculation",),
+        ("draft_page_map",))  # the last two stay hidden unless the run speculates
 
 
 class Control(Protocol):
@@ -81,6 +83,11 @@ class DashboardView:
 
     ``models``: one ``BokehModel`` per panel, in the panels' order (what sends each tick's patches);
     ``buttons``: (Stop, Pause), empty for a replay (no ``control``); ``box``: the whole layout.
+
+    The widgets outlive the Python objects that made them: ipywidgets keeps every widget until it is
+    closed, and a displayed dashboard stays in the notebook. So they hold the ``control`` and
+    ``on_refresh`` weakly: a run the user dropped (with its engine and KV pool) is freed while its
+    dashboard still shows its last state; its buttons then do nothing. ``close()`` frees the widgets.
     """
 
     def __init__(
@@ -92,8 +99,9 @@ class DashboardView:
         refresh_hz: float,
         on_refresh: Callable[[float], None],
         extra_controls: Sequence[w.Widget] = (),
+        rows: Sequence[Sequence[str]] | None = None,
     ) -> None:
-        self.control = control
+        self._control = weakref.ref(control) if control is not None else None
         by_name = {p.name: _OneWayBokehModel(p.model, lock) for p in panels}
         self.models: list[_OneWayBokehModel] = list(by_name.values())
         self.buttons: tuple[w.Button, ...] = ()
@@ -101,14 +109,21 @@ class DashboardView:
         controls = [*self._run_controls(refresh_hz, on_refresh), *extra_controls]
         header = w.HBox([*controls, self.status], layout=w.Layout(align_items="center"))
         wrap = w.Layout(flex_flow="row wrap")  # side-by-side panels stack when the output area is narrow
-        rows = [w.HBox([by_name[n] for n in row], layout=wrap) for row in ROWS if all(n in by_name for n in row)]
+        rows = [w.HBox([by_name[n] for n in row], layout=wrap) for row in rows or ROWS
+                if all(n in by_name for n in row)]
         self.box = w.VBox([header, *rows], layout=w.Layout(max_width="1040px"))
         self.box.add_class("kvscope-dashboard")
+
+    @property
+    def control(self) -> Control | None:
+        """The run the buttons drive, while it exists."""
+        return self._control() if self._control is not None else None
 
     def _run_controls(self, refresh_hz: float, on_refresh: Callable[[float], None]) -> list[w.Widget]:
         control = self.control
         if control is None:  # a replay: no run to drive, nothing to refresh
             return []
+        refresh_to = _weak_callable(on_refresh)
         refresh = w.Dropdown(
             options=[(f"{hz:g} Hz", hz) for hz in REFRESH_CHOICES],
             value=refresh_hz if refresh_hz in REFRESH_CHOICES else 5.0,
@@ -116,18 +131,24 @@ class DashboardView:
             layout=w.Layout(width="150px"),
             style={"description_width": "50px"},
         )
-        refresh.observe(lambda change: on_refresh(change["new"]), names="value")
+        refresh.observe(lambda change: refresh_to(change["new"]), names="value")
         live = not control.done
         stop = w.Button(description="Stop", icon="stop", button_style="danger", disabled=not live,
                         layout=w.Layout(width="90px"), tooltip="abort every request and end the run")
         pause = w.Button(description="Pause", icon="pause", disabled=not live, layout=w.Layout(width="100px"),
                          tooltip="pause / resume the engine between steps")
 
+        # the callbacks read self.control each time: they hold no reference to the run
         def on_stop(_button: w.Button) -> None:
-            control.stop()
+            control = self.control
+            if control is not None:
+                control.stop()
             stop.disabled = pause.disabled = True
 
         def on_pause(_button: w.Button) -> None:
+            control = self.control
+            if control is None:
+                return
             if control.paused:
                 control.resume()
                 pause.description, pause.icon = "Pause", "pause"
@@ -145,13 +166,28 @@ class DashboardView:
         the buttons."""
         text = " · ".join(html.escape(part) for part in parts)
         self.status.value = f"<span style='font-family:sans-serif;font-size:13px'>{text}</span>"
-        if self.control is not None and self.control.done:
+        control = self.control
+        if control is not None and control.done:
             for button in self.buttons:
                 button.disabled = True
 
     def close(self) -> None:
         """Close every widget of this view (not every widget of the kernel, as ``close_all`` would)."""
         _close_tree(self.box)
+
+
+def _weak_callable(fn: Callable[[float], None]) -> Callable[[float], None]:
+    """``fn`` without keeping its object alive if it is a bound method (then a no-op once it is gone)."""
+    if not hasattr(fn, "__self__"):
+        return fn
+    ref = weakref.WeakMethod(fn)
+
+    def call(value: float) -> None:
+        method = ref()
+        if method is not None:
+            method(value)
+
+    return call
 
 
 def _close_tree(widget: w.Widget) -> None:

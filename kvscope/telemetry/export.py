@@ -4,12 +4,17 @@ Trace layout (Chrome trace event format, ``ts``/``dur`` in microseconds from the
 
 - process "kvscope engine" (``ENGINE_PID``), thread "steps": one ``X`` slice per step with its phases
   (schedule, prepare, forward, sample, update) as child ``X`` slices; counter tracks (``C``) for KV
-  usage, fragmentation, KV bytes (paged vs static reservation), batch tokens, requests, memory.
+  usage, fragmentation, KV bytes (paged vs static reservation), batch tokens, requests, memory; with
+  speculative decoding, accepted / rejected draft tokens, the acceptance rate and the draft pool's blocks.
 - process "kvscope requests" (``REQUESTS_PID``): one async lane per request (``b``/``e`` with the
-  request's index as ``id``): a slice named by the request id spanning queued to finished, with its
-  states (waiting, prefill, decode, preempted) as nested slices.
+  request's index as a process-local id, ``"id2": {"local": "0x.."}``, so Perfetto groups the lanes
+  under that process; a plain ``id`` is global, and lands in "Global Legacy Events"): a slice named
+  by the request id spanning queued to finished, with its states (waiting, prefill, decode,
+  preempted) as nested slices.
 - torch.profiler (Kineto) events, when a window was profiled, on their own pids, already moved onto
   our clock by ``telemetry/profiler.py``.
+- a watched run (``kvscope watch``): one process per engine and one for the fleet (``LANES_PID`` on), with
+  counter tracks (KV cache usage, requests, tokens/s, KV cache events) and "connection lost" slices.
 - the top-level key ``"kvscope"`` holds the run's metadata and raw records, so ``kvscope.load`` can
   rebuild the run from the trace alone (Chrome's format allows extra top-level keys).
 """
@@ -30,10 +35,18 @@ from .serialize import event_to_dict, step_to_dict
 ENGINE_PID = (1 << 30) + 1  # far above Linux pids (<= 2**22) and CUDA device ids, which Kineto uses
 REQUESTS_PID = (1 << 30) + 2
 OUR_PIDS = (ENGINE_PID, REQUESTS_PID)
+LANES_PID, MAX_LANES = (1 << 30) + 16, 4096  # engine lanes of a watched run (kvscope watch): one process each
+
+
+def is_our_pid(pid: Any) -> bool:
+    """A process of the trace kvscope draws itself (what ``kvscope.load`` does not take for profiler events)."""
+    return pid in OUR_PIDS or (isinstance(pid, int) and LANES_PID <= pid < LANES_PID + MAX_LANES)
 TRACE_FORMAT = "kvscope-trace"
 METRICS_FORMAT = "kvscope-metrics"
 FORMAT_VERSION = 1
 PHASES = ("schedule", "prepare", "forward", "sample", "update")
+# An engine lane of a watched run: (process name, {counter track: [(t_ns, {series: value})]}, [(slice, t0_ns, t1_ns)])
+Lane = tuple[str, dict[str, list[tuple[int, dict[str, float]]]], list[tuple[str, int, int]]]
 STATE_COLOURS = {
     "waiting": "grey",
     "prefill": "thread_state_runnable",
@@ -73,9 +86,10 @@ def write_trace(
     events: Sequence[RequestEvent],
     meta: dict[str, Any],
     profiler_events: Sequence[dict[str, Any]] = (),
+    lanes: Sequence[Lane] = (),
 ) -> Path:
     """The trace of ``build_trace`` written atomically to ``path``."""
-    trace = build_trace(records, events, meta, profiler_events)
+    trace = build_trace(records, events, meta, profiler_events, lanes)
     return atomic_write(path, lambda f: json.dump(trace, f, separators=(",", ":")))
 
 
@@ -84,8 +98,11 @@ def build_trace(
     events: Sequence[RequestEvent],
     meta: dict[str, Any],
     profiler_events: Sequence[dict[str, Any]] = (),
+    lanes: Sequence[Lane] = (),
 ) -> dict[str, Any]:
-    """The Chrome trace of a run; ``meta["t0_ns"]`` is time zero (the layout is in the module docstring)."""
+    """The Chrome trace of a run; ``meta["t0_ns"]`` is time zero (the layout is in the module docstring).
+    ``lanes``: one process each (a watched server's engines: ``(name, {track: [(t_ns, {series: value})]},
+    [(slice name, t0_ns, t1_ns)])``), drawn after the run's own; they are derived data, so loading skips them."""
     t0 = meta["t0_ns"]
 
     def us(t_ns: int) -> float:
@@ -114,6 +131,8 @@ def build_trace(
                     "running": r.num_running,
                     "waiting": r.num_waiting,
                     "sampled": r.num_output_tokens,
+                    **({"drafted": r.spec_decode.num_draft_tokens, "accepted": r.spec_decode.num_accepted_tokens}
+                       if r.spec_decode is not None else {}),
                 },
             }
         )
@@ -135,6 +154,7 @@ def build_trace(
         ev.extend(_counters(r, us(r.t_end_ns)))
     ev.extend(_request_lanes(records, events, us))
     ev.extend(_shift(profiler_events, t0))
+    ev.extend(_lane_events(lanes, us))
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ms",
@@ -162,6 +182,13 @@ def _counters(r: StepRecord, ts: float) -> list[dict[str, Any]]:
         "batch tokens": {"prefill": r.num_prefill_tokens, "decode": r.num_decode_tokens},
         "requests": {"running": r.num_running, "waiting": r.num_waiting},
     }
+    spec = r.spec_decode
+    if spec is not None:
+        tracks["speculative tokens"] = {"accepted": spec.num_accepted_tokens, "rejected": spec.num_rejected_tokens}
+        tracks["speculative acceptance"] = {
+            "rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0}
+        if spec.draft_num_blocks:
+            tracks["draft KV blocks"] = {"used": spec.draft_blocks_used}
     mem = {k: v for k, v in r.memory.items() if k.endswith("_bytes") and isinstance(v, (int, float))}
     if mem:
         tracks["memory bytes"] = mem
@@ -201,7 +228,7 @@ def _request_lanes(
         end = finished.t_ns if finished else (records[-1].t_end_ns if records else evs[-1].t_ns)
         if not segments:
             continue
-        base = {"cat": "request", "pid": REQUESTS_PID, "tid": 0, "id": index}
+        base = {"cat": "request", "pid": REQUESTS_PID, "tid": 0, "id2": {"local": hex(index)}}
         start = segments[0][1]
         out.append(
             {
@@ -220,6 +247,19 @@ def _request_lanes(
             out.append({**base, "ph": "b", "name": state, "ts": us(t), "cname": STATE_COLOURS[state]})
             out.append({**base, "ph": "e", "name": state, "ts": us(t_end)})
         out.append({**base, "ph": "e", "name": rid, "ts": us(max(end, start))})
+    return out
+
+
+def _lane_events(lanes: Sequence[Lane], us: Callable[[int], float]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, (name, tracks, spans) in enumerate(lanes[:MAX_LANES]):
+        pid = LANES_PID + i
+        out += [_meta("process_name", pid, 0, name=name), _meta("process_sort_index", pid, 0, sort_index=2 + i),
+                _meta("thread_name", pid, 1, name="connection")]
+        for track, points in tracks.items():
+            out += [{"ph": "C", "name": track, "pid": pid, "ts": us(t), "args": args} for t, args in points]
+        out += [{"ph": "X", "name": label, "cat": "watch", "pid": pid, "tid": 1, "ts": us(a),
+                 "dur": round(max(b - a, 0) / 1000, 3)} for label, a, b in spans]
     return out
 
 

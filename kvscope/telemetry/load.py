@@ -1,17 +1,20 @@
 """Reading a run back from a trace JSON or a metrics JSON Lines file (the inverse of ``export.py``).
 
 Every problem with the file (missing, empty, not JSON, truncated, another tool's trace, a newer
-format) raises one ``ValueError`` that names the file and the problem.
+format; hostile JSON: nested too deeply, numbers beyond 64 bits or out of range, NaN, a file too large for
+the memory) raises one ``ValueError`` that names the file and the problem, never a ``RecursionError``,
+``OverflowError`` or ``MemoryError``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
-from .export import FORMAT_VERSION, METRICS_FORMAT, OUR_PIDS, TRACE_FORMAT
+from .export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT, is_our_pid
 from .records import RequestEvent, StepRecord
 from .serialize import event_from_dict, step_from_dict
 
@@ -22,35 +25,104 @@ class RunFileError(ValueError):
     """A file that is not a readable kvscope run (a ``ValueError``)."""
 
 
+class _Hostile(ValueError):
+    """A JSON value no kvscope file holds (raised by the parser's hooks)."""
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > 21:  # before int(): it refuses 4,300+ digits with an error of its own
+        raise _Hostile(f"an integer of {len(text):,} digits")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise _Hostile(f"an integer beyond 64 bits ({text})")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Hostile(f"a number out of range ({text[:30]})")
+    return value
+
+
+def _parse_constant(text: str) -> float:
+    raise _Hostile(f"{text}, which is not JSON")
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` that refuses what kvscope never writes: NaN / Infinity, numbers beyond 64 bits or
+    out of a float's range (``_Hostile``)."""
+    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+
+
+# Python objects take about 15 (metrics) to 26 (trace) bytes per byte of JSON read; a file that would need
+# more than the memory available is refused before it is read.
+MEMORY_PER_BYTE = 16
+
+
 def read_run_file(path: str | os.PathLike) -> Loaded:
     """(records, events, meta, profiler_events) from a kvscope trace or metrics file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return _read(path)
+    except RunFileError:
+        raise
+    except RecursionError:
+        raise RunFileError(f"{path}: JSON nested too deeply; not a kvscope trace or metrics file") from None
+    except MemoryError:
+        raise RunFileError(f"{path}: too large to load in the memory available") from None
+    except _Hostile as exc:
+        raise RunFileError(f"{path}: the file holds {exc}; not a kvscope trace or metrics file") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        # malformed records inside an otherwise kvscope-shaped file (found by fuzzing)
+        raise RunFileError(f"{path}: a damaged kvscope file ({type(exc).__name__}: {exc})") from None
+
+
+def _read(path: Path) -> Loaded:
+    _check_size(path)
+    try:
+        data = path.read_bytes()  # bytes: no newline translation, so line numbers are the file's own
     except FileNotFoundError:
         raise RunFileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise RunFileError(f"{path}: is a folder, not a kvscope trace or metrics file") from None
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RunFileError(
             f"{path}: not a text file (a kvscope trace is JSON, a metrics file JSON Lines)"
         ) from None
+    del data
     if not text.strip():
         raise RunFileError(f"{path}: the file is empty")
     first_line = text.lstrip().split("\n", 1)[0]
     try:
-        head = json.loads(first_line)
-    except json.JSONDecodeError:
+        head = parse_json(first_line)
+    except (ValueError, RecursionError):  # judged with the whole file below
         head = None
+    if isinstance(head, dict) and head.get("type") == "header":
+        return _read_metrics(path, text)
+    return _read_trace(path, text)
+
+
+def _check_size(path: Path) -> None:
+    """Refuse a file whose objects would not fit in memory, before reading it (pipes have no size: 0)."""
     try:
-        if isinstance(head, dict) and head.get("type") == "header":
-            return _read_metrics(path, text)
-        return _read_trace(path, text)
-    except RunFileError:
-        raise
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-        # malformed records inside an otherwise kvscope-shaped file (found by fuzzing)
-        raise RunFileError(f"{path}: a damaged kvscope file ({type(exc).__name__}: {exc})") from None
+        size = path.stat().st_size
+    except OSError:  # reading it says why
+        return
+    if size * MEMORY_PER_BYTE < 1 << 30:  # small: no need to ask the system
+        return
+    from ..host import available_memory, fmt_bytes
+
+    available = available_memory()
+    if size * MEMORY_PER_BYTE > available.bytes:
+        raise RunFileError(
+            f"{path}: {fmt_bytes(size)} is too large to load here: reading it takes about "
+            f"{fmt_bytes(size * MEMORY_PER_BYTE)}, and {available}"
+        )
 
 
 def _check_format(path: Path, found: Any, version: Any, expected: str) -> None:
@@ -96,7 +168,7 @@ def _checked_meta(meta: Any) -> dict[str, Any]:
 
 
 def _read_metrics(path: Path, text: str) -> Loaded:
-    lines = text.splitlines()
+    lines = text.split("\n")  # not splitlines(): a line is what ends at \\n, as the writer wrote it
     records: list[StepRecord] = []
     events: list[RequestEvent] = []
     meta: dict[str, Any] = {}
@@ -105,7 +177,7 @@ def _read_metrics(path: Path, text: str) -> Loaded:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = parse_json(line)
         except json.JSONDecodeError as exc:
             last = i == len(lines) or not any(s.strip() for s in lines[i:])
             why = "truncated (its last line is cut off)" if last else f"line {i} is not JSON ({exc.msg})"
@@ -137,7 +209,7 @@ def _read_metrics(path: Path, text: str) -> Loaded:
 
 def _read_trace(path: Path, text: str) -> Loaded:
     try:
-        obj = json.loads(text)
+        obj = parse_json(text)
     except json.JSONDecodeError as exc:
         # a cut inside a string reports where the string starts, but it ran to the end all the same
         at_end = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
@@ -169,6 +241,6 @@ def _read_trace(path: Path, text: str) -> Loaded:
     profiler = [
         {**e, "ts": e["ts"] + off} if "ts" in e else e
         for e in obj.get("traceEvents", [])
-        if isinstance(e, dict) and e.get("pid") not in OUR_PIDS
+        if isinstance(e, dict) and not is_our_pid(e.get("pid"))
     ]
     return records, events, meta, profiler

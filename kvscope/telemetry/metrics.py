@@ -64,6 +64,12 @@ def steps_frame(records: Sequence[StepRecord], t0_ns: int) -> pd.DataFrame:
             "page_map_changes": len(r.page_map),
             "page_map_full": r.page_map_full,
         }
+        spec = r.spec_decode
+        if spec is not None:
+            row["spec_num_drafts"] = spec.num_drafts
+            row["spec_num_draft_tokens"] = spec.num_draft_tokens
+            row["spec_num_accepted_tokens"] = spec.num_accepted_tokens
+            row["spec_propose_ns"] = spec.propose_ns
         kv = r.kv
         for name in KV_COLUMNS:
             row["kv_" + name] = getattr(kv, name)
@@ -109,6 +115,14 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
     """One row per request, in order of first appearance. Times in seconds from ``t0_ns``; NaN where
     a moment never happened (or fell out of the recorder's ring)."""
     times = token_times(records)
+    drafted: dict[str, list[int]] = {}  # request id -> [draft tokens verified, accepted]
+    for r in records:
+        if r.spec_decode is not None:
+            for item in r.scheduled:
+                if item.num_draft_tokens:
+                    counts = drafted.setdefault(item.request_id, [0, 0])
+                    counts[0] += item.num_draft_tokens
+                    counts[1] += item.num_accepted_tokens
     by_id: dict[str, dict[str, Any]] = {}
     for e in events:
         row = by_id.get(e.request_id)
@@ -167,6 +181,8 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
                 "itl_mean_s": float(itl.mean()) if len(itl) else math.nan,
                 "itl_p50_s": _pct(itl, 50),
                 "itl_p99_s": _pct(itl, 99),
+                "num_draft_tokens": drafted.get(rid, (0, 0))[0],
+                "num_accepted_tokens": drafted.get(rid, (0, 0))[1],
             }
         )
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
@@ -194,6 +210,8 @@ REQUEST_COLUMNS = [
     "num_preemptions",
     "finish_reason",
     "error",
+    "num_draft_tokens",  # speculative decoding: draft tokens verified for it, and accepted
+    "num_accepted_tokens",
 ]
 
 
@@ -263,4 +281,47 @@ def summary(
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if queries else math.nan,
     )
+    out.update(spec_summary(records))
     return out
+
+
+def spec_summary(records: Sequence[StepRecord]) -> dict[str, Any]:
+    """Speculative decoding over the run, vLLM's definitions: ``spec_acceptance_rate`` = accepted /
+    draft tokens; ``spec_mean_acceptance_length`` = 1 + accepted / drafts (tokens a request gets per
+    verification step, the bonus token included). NaN when nothing was drafted."""
+    drafts = draft_tokens = accepted = 0
+    for r in records:
+        spec = r.spec_decode
+        if spec is not None:
+            drafts += spec.num_drafts
+            draft_tokens += spec.num_draft_tokens
+            accepted += spec.num_accepted_tokens
+    return {
+        "spec_num_drafts": drafts,
+        "spec_num_draft_tokens": draft_tokens,
+        "spec_num_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
+        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
+    }
+
+
+def spec_acceptance_by_position(records: Sequence[StepRecord]) -> pd.DataFrame:
+    """One row per draft position (0-based): drafts made there, accepted there, and the share accepted
+    (vLLM's per-position acceptance)."""
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for r in records:
+        spec = r.spec_decode
+        if spec is None:
+            continue
+        for counts, values in ((drafted, spec.num_draft_tokens_per_pos), (accepted, spec.num_accepted_tokens_per_pos)):
+            counts.extend([0] * (len(values) - len(counts)))
+            for i, v in enumerate(values):
+                counts[i] += v
+    accepted.extend([0] * (len(drafted) - len(accepted)))
+    return pd.DataFrame({
+        "position": range(len(drafted)),
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": [a / d if d else math.nan for a, d in zip(accepted, drafted)],
+    })

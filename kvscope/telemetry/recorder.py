@@ -13,13 +13,20 @@ a ``queue.SimpleQueue``, append it to a list); one that raises is dropped (its e
 Events that a step's results cause (``first_token``, and ``finished`` with reason stop / length) are
 held until the step's record is made and stamped with its ``t_end_ns``: the moment the step hands its
 tokens back. ``scheduled``, ``resumed`` and ``preempted`` are stamped with the end of scheduling.
+
+Request ids are unique in a run's records. A source may reuse an id once its request has finished
+(the engine refuses only ids still in use); the recorder then records the new request as ``id#2``
+(``id#3``, ...) from its ``queued`` event to its ``finished`` one, in events, scheduled items and the
+page map alike. What the recorder keeps per request is dropped when it finishes, and the ids already
+recorded are remembered only as far back as the event ring reaches (a bounded LRU).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -65,8 +72,13 @@ class Recorder:
         self.profiler_events: list[dict[str, Any]] = []  # torch.profiler windows (telemetry/profiler.py)
         self.num_steps_recorded = 0  # total, including any that fell out of the ring
         self._pending: list[RequestEvent] = []
+        # per unfinished request (by recorded id), dropped when it finishes
         self._seen_scheduled: set[str] = set()
         self._was_preempted: set[str] = set()
+        self._renamed: dict[str, str] = {}  # source id -> recorded id, for unfinished requests renamed
+        # recorded ids of this run, least recently finished first, at most as many as the event ring
+        # holds events (an id whose events left the ring cannot be merged with any more)
+        self._recorded: OrderedDict[str, int] = OrderedDict()  # id -> the last suffix given for it
         self.pages.since_snapshot = self.pages.snapshot_every  # the next record is a full snapshot
         last = self._stats
         self.baseline = {  # prefix-cache counters are cumulative over the source's life
@@ -129,12 +141,44 @@ class Recorder:
     ) -> None:
         """A request changed state (``kind``: one of ``records.EVENT_KINDS``) during or before
         ``step``; ``reason`` and ``error`` count for ``finished`` only. Without ``t_ns`` it is stamped
-        now, or, for a first token or a stop / length finish, with the end of the step recorded next."""
+        now, or, for a first token or a stop / length finish, with the end of the step recorded next.
+        ``queued`` starts a request: an id this run already recorded is recorded as ``id#2``, ..."""
+        rid = self._queue_id(request_id) if kind == "queued" else self._renamed.get(request_id, request_id)
+        held = self._event(kind, rid, step, num_prompt_tokens, num_output_tokens, reason, error, t_ns,
+                           num_cached_tokens)
+        if kind == "finished" and not held:  # a held finish keeps its name until the step's record
+            self._renamed.pop(request_id, None)
+
+    def recorded_id(self, request_id: str) -> str:
+        """The id an unfinished request of the source is recorded under (its own unless reused)."""
+        return self._renamed.get(request_id, request_id)
+
+    def _queue_id(self, request_id: str) -> str:
+        """The recorded id of a request just queued: its own, or the first free ``id#N``."""
+        recorded = self._recorded
+        rid, n = request_id, recorded.get(request_id, 0)
+        while rid in recorded:
+            n += 1
+            rid = f"{request_id}#{n}"
+        if rid != request_id:
+            recorded[request_id] = n
+            self._renamed[request_id] = rid
+        self._remember(rid)
+        return rid
+
+    def _remember(self, rid: str) -> None:
+        self._recorded[rid] = self._recorded.pop(rid, 1)
+        while len(self._recorded) > self.events.maxlen:
+            self._recorded.popitem(last=False)
+
+    def _event(self, kind: str, rid: str, step: int, num_prompt_tokens: int, num_output_tokens: int,
+               reason: str | None, error: str | None, t_ns: int | None, num_cached_tokens: int = 0) -> bool:
+        """Make and publish an event of a recorded id; True if it is held for the next step's end."""
         finished = kind == "finished"
         event = RequestEvent(
             t_ns=t_ns if t_ns is not None else time.perf_counter_ns(),
             step=step,
-            request_id=request_id,
+            request_id=rid,
             kind=kind,
             num_prompt_tokens=num_prompt_tokens,
             num_output_tokens=num_output_tokens,
@@ -143,15 +187,17 @@ class Recorder:
             num_cached_tokens=num_cached_tokens,
         )
         if finished or kind == "preempted":
-            self.pages.forget(request_id)
+            self.pages.forget(rid)
         if finished:
-            self._seen_scheduled.discard(request_id)
-            self._was_preempted.discard(request_id)
+            self._seen_scheduled.discard(rid)
+            self._was_preempted.discard(rid)
+            self._remember(rid)  # its last event: remembered as long as the ring may hold it
         if t_ns is None and (kind == "first_token" or (finished and event.reason in _STEP_CAUSED)):
             self._pending.append(event)  # stamped with the step's end in record_step
-            return
+            return True
         self.events.append(event)
         self._publish(event)
+        return False
 
     # ---- steps -----------------------------------------------------------------------------------
     def state_changed(self, stats: SchedulerStats) -> bool:
@@ -163,6 +209,12 @@ class Recorder:
 
     def record_step(self, batch: BatchSummary, timings: StepTimings, stats: SchedulerStats) -> StepRecord:
         """Record a finished step: its batch, phase times and the counters after it."""
+        renamed = self._renamed
+        if renamed:
+            batch = self._rename(batch)
+            ended = {e.request_id for e in self._pending if e.kind == "finished"}
+            for source in [k for k, rid in renamed.items() if rid in ended]:
+                del renamed[source]
         self._step_events(batch, timings)
         record = self._make_record(batch, timings, stats)
         self.steps.append(record)
@@ -171,13 +223,24 @@ class Recorder:
         self._publish(record)
         return record
 
+    def _rename(self, batch: BatchSummary) -> BatchSummary:
+        """``batch`` with the recorded ids of renamed requests (reused source ids)."""
+        names = self._renamed
+
+        def fix(items: list) -> list:
+            return [dataclasses.replace(x, request_id=names[x.request_id]) if x.request_id in names else x
+                    for x in items]
+
+        return dataclasses.replace(batch, scheduled=fix(batch.scheduled), admitted=fix(batch.admitted),
+                                   preempted=fix(batch.preempted))
+
     def _step_events(self, batch: BatchSummary, timings: StepTimings) -> None:
         """The step's own request events (preempted, resumed / scheduled at the end of scheduling),
-        then the ones held for its end (first tokens, stop / length finishes)."""
+        then the ones held for its end (first tokens, stop / length finishes). Ids are recorded ids."""
         t_sched, step = timings.scheduled_ns, batch.step
         for p in batch.preempted:
             self._was_preempted.add(p.request_id)
-            self.request_event("preempted", p.request_id, step, p.num_prompt_tokens, p.num_output_tokens, t_ns=t_sched)
+            self._event("preempted", p.request_id, step, p.num_prompt_tokens, p.num_output_tokens, None, None, t_sched)
         for p in batch.admitted:
             rid = p.request_id
             if rid in self._was_preempted:
@@ -188,13 +251,15 @@ class Recorder:
                 kind = "scheduled"
             else:
                 continue
-            self.request_event(kind, rid, step, p.num_prompt_tokens, p.num_output_tokens,
-                               t_ns=t_sched, num_cached_tokens=p.num_cached_tokens)
+            self._event(kind, rid, step, p.num_prompt_tokens, p.num_output_tokens, None, None, t_sched,
+                        p.num_cached_tokens)
         t_end = timings.end_ns
         for event in self._pending:
             event.t_ns = t_end
             self.events.append(event)
             self._publish(event)
+            if event.kind == "finished":  # finished in the step that admitted it: forget it now
+                self._seen_scheduled.discard(event.request_id)
         self._pending.clear()
 
     def _make_record(self, batch: BatchSummary, t: StepTimings, stats: SchedulerStats) -> StepRecord:

@@ -59,6 +59,10 @@ class ScheduledItem:
     num_tokens: int  # tokens computed for it this step
     context_len: int  # tokens in its KV cache after this step
     sampled: bool = False  # it got an output token this step (the last chunk of a prefill, or a decode)
+    # speculative decoding: draft tokens verified for it this step (part of num_tokens), and how many
+    # of them were accepted and kept (its output tokens this step: 1 + num_accepted_tokens)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -100,6 +104,35 @@ FREE_PAGE = PageEntry("", 0, "free", 0)
 
 
 @dataclass(slots=True)
+class SpecDecodeStats:
+    """What speculative decoding did in one step (vLLM's ``SpecDecodingStats``, plus where it happened).
+
+    Per draft position ``i`` (0-based): ``num_draft_tokens_per_pos[i]`` requests had an ``i``-th draft,
+    ``num_accepted_tokens_per_pos[i]`` of them had it accepted (acceptance stops at the first
+    rejection, so these fall with ``i``). ``draft_slots``: target KV block -> ``[draft slots the
+    verification wrote into it, of them accepted]``; a block whose slots were all rejected went back to
+    the pool at the end of the step. ``draft_page_map``: the draft model's own pool, like
+    ``StepRecord.page_map`` (changed blocks, or every block when ``draft_page_map_full``)."""
+
+    num_spec_tokens: int  # k: drafts asked for per request per step
+    num_drafts: int = 0  # requests verified with at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    draft_slots: dict[int, list[int]] = field(default_factory=dict)
+    propose_ns: int = 0  # proposing the next step's drafts (part of update_ns)
+    draft_num_blocks: int = 0  # the draft model's pool (0: no draft model)
+    draft_blocks_used: int = 0
+    draft_page_map: dict[int, PageEntry] = field(default_factory=dict)
+    draft_page_map_full: bool = False
+
+    @property
+    def num_rejected_tokens(self) -> int:
+        return self.num_draft_tokens - self.num_accepted_tokens
+
+
+@dataclass(slots=True)
 class StepRecord:
     step: int
     t_start_ns: int
@@ -131,6 +164,8 @@ class StepRecord:
     # Kernel time by category (ns, PROFILE_CATEGORIES + "total") when the step was profiled; filled
     # in place when the profiling window closes.
     profile: dict[str, int] | None = None
+    # Speculative decoding in this step; None when speculation is off (and in files written before it).
+    spec_decode: SpecDecodeStats | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -182,6 +217,7 @@ class BatchSummary:
     admitted: list[RequestProgress] = field(default_factory=list)  # left the waiting queue this step
     preempted: list[RequestProgress] = field(default_factory=list)  # sent back to the waiting queue
     num_finished: int = 0  # finished this step (stop / length) plus failed at scheduling
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's share of the step, if on
 
 
 @dataclass(slots=True)

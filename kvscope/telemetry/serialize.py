@@ -4,6 +4,10 @@ A step is a flat dict of its scalar fields plus ``scheduled`` (a list of
 ``[request_id, kind, num_tokens, context_len, sampled]``), ``kv`` (a dict of ``KVState``), ``page_map``
 (``{"block_id": [owner, filled, state, refs]}``, JSON object keys being strings), ``page_map_full``,
 ``memory`` and ``profile``. An event is the flat dict of its fields.
+
+Speculative decoding adds to a step, only where it happened (so other files are as before): two more
+values to a ``scheduled`` item that had drafts (``num_draft_tokens, num_accepted_tokens``), and
+``spec_decode`` (a dict of ``SpecDecodeStats``; its page map written like ``page_map``).
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import types
 from dataclasses import fields
 from typing import Any, get_type_hints
 
-from .records import KVState, PageEntry, RequestEvent, ScheduledItem, StepRecord
+from .records import KVState, PageEntry, RequestEvent, ScheduledItem, SpecDecodeStats, StepRecord
 
 _STEP_SCALARS = tuple(
-    f.name for f in fields(StepRecord) if f.name not in ("scheduled", "kv", "page_map", "memory", "profile")
+    f.name for f in fields(StepRecord)
+    if f.name not in ("scheduled", "kv", "page_map", "memory", "profile", "spec_decode")
 )
+_SPEC_SCALARS = ("num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "propose_ns",
+                 "draft_num_blocks", "draft_blocks_used", "draft_page_map_full")
 _KV_FIELDS = tuple(f.name for f in fields(KVState))
 _EVENT_FIELDS = tuple(f.name for f in fields(RequestEvent))
 
@@ -32,6 +39,7 @@ def _allowed_types(cls: type) -> dict[str, tuple[type, ...]]:
 
 
 _TYPES = {cls: _allowed_types(cls) for cls in (StepRecord, KVState, RequestEvent)}
+_TYPES[SpecDecodeStats] = {k: v for k, v in _allowed_types(SpecDecodeStats).items() if k in _SPEC_SCALARS}
 
 
 def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -47,22 +55,53 @@ def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 def step_to_dict(record: StepRecord) -> dict[str, Any]:
     out: dict[str, Any] = {name: getattr(record, name) for name in _STEP_SCALARS}
     out["scheduled"] = [
-        [s.request_id, s.kind, s.num_tokens, s.context_len, s.sampled] for s in record.scheduled
+        [s.request_id, s.kind, s.num_tokens, s.context_len, s.sampled]
+        + ([s.num_draft_tokens, s.num_accepted_tokens] if s.num_draft_tokens else [])
+        for s in record.scheduled
     ]
     kv = record.kv
     out["kv"] = {name: getattr(kv, name) for name in _KV_FIELDS}
     out["page_map"] = {str(b): list(entry) for b, entry in record.page_map.items()}
     out["memory"] = dict(record.memory)
     out["profile"] = dict(record.profile) if record.profile is not None else None
+    if record.spec_decode is not None:
+        out["spec_decode"] = spec_to_dict(record.spec_decode)
     return out
+
+
+def spec_to_dict(spec: SpecDecodeStats) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(spec, name) for name in _SPEC_SCALARS}
+    out["num_draft_tokens_per_pos"] = list(spec.num_draft_tokens_per_pos)
+    out["num_accepted_tokens_per_pos"] = list(spec.num_accepted_tokens_per_pos)
+    out["draft_slots"] = {str(b): list(v) for b, v in spec.draft_slots.items()}
+    out["draft_page_map"] = {str(b): list(entry) for b, entry in spec.draft_page_map.items()}
+    return out
+
+
+def spec_from_dict(d: dict[str, Any]) -> SpecDecodeStats:
+    kwargs = _checked(SpecDecodeStats, {name: d[name] for name in _SPEC_SCALARS if name in d})
+    kwargs["num_draft_tokens_per_pos"] = [int(x) for x in d.get("num_draft_tokens_per_pos", [])]
+    kwargs["num_accepted_tokens_per_pos"] = [int(x) for x in d.get("num_accepted_tokens_per_pos", [])]
+    kwargs["draft_slots"] = {int(b): [int(n), int(a)] for b, (n, a) in d.get("draft_slots", {}).items()}
+    kwargs["draft_page_map"] = {
+        int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d.get("draft_page_map", {}).items()
+    }
+    return SpecDecodeStats(**kwargs)
+
+
+def _item(values: list) -> ScheduledItem:
+    """A ``scheduled`` entry: 5 values, or 7 with the drafts verified and accepted."""
+    r, k, n, c, s, *spec = values
+    if spec and len(spec) != 2:
+        raise ValueError(f"a scheduled item has {len(values)} values; 5 or 7 expected")
+    drafted, accepted = (int(spec[0]), int(spec[1])) if spec else (0, 0)
+    return ScheduledItem(str(r), str(k), int(n), int(c), bool(s), drafted, accepted)
 
 
 def step_from_dict(d: dict[str, Any]) -> StepRecord:
     try:
         kwargs = _checked(StepRecord, {name: d[name] for name in _STEP_SCALARS})
-        kwargs["scheduled"] = [
-            ScheduledItem(str(r), str(k), int(n), int(c), bool(s)) for r, k, n, c, s in d["scheduled"]
-        ]
+        kwargs["scheduled"] = [_item(values) for values in d["scheduled"]]
         kwargs["kv"] = KVState(**_checked(KVState, {name: d["kv"][name] for name in _KV_FIELDS}))
         kwargs["page_map"] = {
             int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()
@@ -70,6 +109,8 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
         kwargs["memory"] = {str(k): int(v) for k, v in (d.get("memory") or {}).items()}
         profile = d.get("profile")
         kwargs["profile"] = {str(k): int(v) for k, v in profile.items()} if profile is not None else None
+        spec = d.get("spec_decode")
+        kwargs["spec_decode"] = spec_from_dict(spec) if spec is not None else None
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(
             f"step record {d.get('step', '?') if isinstance(d, dict) else '?'} is malformed ({type(exc).__name__}: {exc})"

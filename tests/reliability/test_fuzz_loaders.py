@@ -1,10 +1,12 @@
 """Fuzzing the two file readers users feed by hand: ``kvscope.load`` (traces, metrics) and the prompts
 file reader. Any input must either load or raise the documented ``ValueError`` - never another
-exception, never a silently partial run."""
+exception (hostile JSON included: nesting deep enough to exhaust the recursion limit, integers of thousands
+of digits, NaN, Infinity, 1e999, a file larger than the memory), never a silently partial run."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,12 @@ from hypothesis import strategies as st
 
 import kvscope
 from kvscope import Engine, SamplingParams
+from kvscope.host import AvailableMemory
 from kvscope.run import Run
+from kvscope.telemetry import load as loader
 from kvscope.workload import read_prompts
 
-COUNTS = {"trace": 0, "prompts": 0}
+COUNTS = {"trace": 0, "hostile JSON": 0, "prompts": 0}
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -113,6 +117,74 @@ def test_trace_loader_fuzzers(run_files, tmp_path):
     fuzz_random_bytes_fail_cleanly(tmp_path=tmp_path)
     fuzz_foreign_or_mangled_json_fails_cleanly(run_files=run_files, tmp_path=tmp_path)
     assert COUNTS["trace"] - before >= 400, COUNTS
+
+
+# JSON a kvscope file never holds, put where a number was; a reader must refuse it by name.
+hostile = st.one_of(
+    st.integers(1000, 120_000).map(lambda d: "[" * d + "]" * d),
+    st.integers(1000, 60_000).map(lambda d: '{"a":' * d + "1" + "}" * d),
+    st.integers(20, 6000).map(lambda k: "9" * k), st.integers(20, 6000).map(lambda k: "-" + "9" * k),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "9223372036854775808", "1e308"]),
+    st.integers(309, 99_999).map(lambda e: f"1e{e}"),
+)
+NUMBER_FIELDS = ['"t0_ns":', '"step":', '"num_blocks":', '"ts":', '"t_ns":', '"blocks_used":']
+
+
+@FUZZ
+@given(literal=hostile, name=st.sampled_from(["run.trace.json", "run.metrics.jsonl"]), data=st.data())
+def fuzz_hostile_json_is_refused_by_name(run_files, tmp_path, literal, name, data):
+    COUNTS["hostile JSON"] += 1
+    text = run_files[name].decode()
+    field = data.draw(st.sampled_from([f for f in NUMBER_FIELDS if f in text]))
+    starts = [m.end() for m in re.finditer(re.escape(field) + r"\s*(?=-?[0-9])", text)]
+    at = data.draw(st.sampled_from(starts))
+    end = re.match(r"-?[0-9.eE+-]+", text[at:]).end() + at
+    _load(tmp_path, name, (text[:at] + literal + text[end:]).encode())  # loads, or refuses naming the file
+
+
+def test_hostile_json_fuzzer(run_files, tmp_path):
+    before = COUNTS["hostile JSON"]
+    fuzz_hostile_json_is_refused_by_name(run_files=run_files, tmp_path=tmp_path)
+    assert COUNTS["hostile JSON"] - before >= 100, COUNTS
+
+
+@pytest.mark.parametrize("literal, why", [
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    ("9" * 5000, "an integer of 5,000 digits"),
+    ("18446744073709551616", r"an integer beyond 64 bits \(18446744073709551616\)"),
+    ("NaN", "NaN, which is not JSON"),
+    ("1e999", r"a number out of range \(1e999\)"),
+])
+@pytest.mark.parametrize("name", ["run.trace.json", "run.metrics.jsonl"])
+def test_hostile_json_gets_the_loaders_own_error(run_files, tmp_path, name, literal, why):
+    text = run_files[name].decode()
+    path = tmp_path / name
+    path.write_text(re.sub(r'"t0_ns":\s*[0-9]+', lambda m: f'"t0_ns": {literal}', text, count=1))
+    with pytest.raises(loader.RunFileError, match=rf"^{re.escape(str(path))}: .*{why}"):
+        kvscope.load(path)
+
+
+def test_a_file_too_large_for_the_memory_is_refused_before_it_is_read(run_files, tmp_path, monkeypatch):
+    path = tmp_path / "run.trace.json"
+    path.write_bytes(run_files["run.trace.json"])
+    monkeypatch.setattr("kvscope.host.available_memory", lambda: AvailableMemory(1 << 20, "the test's machine"))
+    monkeypatch.setattr(loader, "MEMORY_PER_BYTE", 1 << 20)  # as if each byte took a MiB to load
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("the file was read"))
+    with pytest.raises(loader.RunFileError, match=r"is too large to load here: reading it takes about .* and 1 MiB "
+                                                  r"available \(the test's machine\)"):
+        kvscope.load(path)
+
+
+def test_running_out_of_memory_while_loading_is_the_loaders_error(run_files, tmp_path, monkeypatch):
+    path = tmp_path / "run.metrics.jsonl"
+    path.write_bytes(run_files["run.metrics.jsonl"])
+
+    def no_memory(text, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(loader.json, "loads", no_memory)
+    with pytest.raises(loader.RunFileError, match="too large to load in the memory available"):
+        kvscope.load(path)
 
 
 def test_prompts_file_reader_fuzzer(tmp_path):

@@ -1,7 +1,7 @@
-"""Ctrl-C for real: SIGINT delivered to a terminal IPython running ``%kvscope --wait`` and to a
-``kvscope run`` process. The run stops at a step boundary, the files written are whole and load
-back, every request is recorded as aborted, nothing is left running, and (in IPython) the same
-process goes on to run again."""
+"""Ctrl-C for real: SIGINT delivered to a terminal IPython running ``%kvscope --wait``, and SIGINT, SIGTERM
+and SIGHUP delivered to a ``kvscope run`` process. The run stops at a step boundary, the files written are
+whole and load back, every request is recorded as aborted, no temp file is left, the exit code is 128 + the
+signal's number, nothing is left running, and (in IPython) the same process goes on to run again."""
 
 from __future__ import annotations
 
@@ -72,13 +72,19 @@ class Output:
         return self.text
 
 
-def _interrupt(proc: subprocess.Popen, out: Output, err: Output, marker: Output, text: str) -> tuple[str, str]:
-    """Wait for ``text`` on ``marker``, let the run go a while, press Ctrl-C, collect the outputs."""
+def _interrupt(proc: subprocess.Popen, out: Output, err: Output, marker: Output, text: str,
+               signals: tuple[int, ...] = (signal.SIGINT,), gap: float = 0.0) -> tuple[str, str]:
+    """Wait for ``text`` on ``marker``, let the run go a while, send ``signals`` (Ctrl-C: SIGINT) ``gap``
+    seconds apart, collect the outputs."""
     marker.wait_for(text, proc)
     time.sleep(2.0)  # mid-run: the model is loaded and steps are going
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    FIGURES["SIGINTs delivered to a process"] += 1
+    for i, signum in enumerate(signals):
+        if i:
+            time.sleep(gap)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+            FIGURES[f"{signal.Signals(signum).name}s delivered to a process"] += 1
     proc.wait(timeout=120)
     return out.join(), err.join()
 
@@ -114,19 +120,52 @@ def test_sigint_to_ipython_in_wait_mode(tmp_path):
     assert steps == len(run.records) and run.records[-1].scheduled == []  # the last: the stop's record
 
 
-def test_sigint_to_kvscope_run(tmp_path):
-    prefix = tmp_path / "run"
+def _kvscope_run(prefix: Path, cwd: Path) -> tuple[subprocess.Popen, Output, Output]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvscope.cli", "run", *LONG_RUN.split(), "--out", str(prefix)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
-    out, err = Output(proc.stdout), Output(proc.stderr)
-    stdout, stderr = _interrupt(proc, out, err, err, "4 requests")  # the progress bar has started
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+    return proc, Output(proc.stdout), Output(proc.stderr)
 
-    assert proc.returncode == 130, stdout + stderr
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_stop_signal_to_kvscope_run(tmp_path, signum):
+    """SIGTERM (a supervisor, `kill`) and SIGHUP (the terminal closed) end a run as Ctrl-C does (they used
+    to kill it outright: no files, no message)."""
+    prefix = tmp_path / "run"
+    proc, out, err = _kvscope_run(prefix, tmp_path)
+    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signum,))  # the progress bar has started
+
+    assert proc.returncode == 128 + signum, stdout + stderr  # 130, 143, 129
     assert "Traceback" not in stderr, stderr
-    assert "interrupted: the run was stopped early; the files hold what ran" in stdout, stdout
+    how = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
+    assert f"{how}: the run was stopped early; the files hold what ran" in stdout, stdout
+    if signum != signal.SIGINT:
+        assert f"kvscope: {signum.name}: stopping the run and writing the files" in stderr, stderr
     assert "4 aborted" in stdout, stdout  # the summary table
     trace, metrics, html = (Path(f"{prefix}{s}") for s in (".trace.json", ".metrics.jsonl", ".html"))
     _check_interrupted_files(trace, metrics)
     assert_files_valid(kvscope.load(trace), html=html)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.html", "run.metrics.jsonl", "run.trace.json"]
+
+
+def test_more_signals_while_the_files_are_written(tmp_path):
+    """A second SIGTERM and a SIGHUP while the run winds down ask for what is happening anyway: the files are
+    written whole; a Ctrl-C after them quits at once, and whatever it cut off leaves no temp file."""
+    prefix = tmp_path / "run"
+    proc, out, err = _kvscope_run(prefix, tmp_path)
+    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP),
+                                gap=0.05)
+    assert proc.returncode == 143 and "Traceback" not in stderr, stdout + stderr
+    _check_interrupted_files(Path(f"{prefix}.trace.json"), Path(f"{prefix}.metrics.jsonl"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.html", "run.metrics.jsonl", "run.trace.json"]
+
+    again = tmp_path / "again"
+    again.mkdir()
+    proc, out, err = _kvscope_run(again / "run", again)
+    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signal.SIGTERM, signal.SIGINT), gap=0.3)
+    assert proc.returncode in (130, 143), stdout + stderr  # 143: the files were written before the Ctrl-C came
+    left = sorted(p.name for p in again.iterdir())
+    assert not [name for name in left if name.endswith(".tmp")], left
+    for name in left:  # what was written is whole
+        if name.endswith((".json", ".jsonl")):
+            kvscope.load(again / name)

@@ -54,6 +54,10 @@ def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
 
     assert engine.pool.num_free_blocks == engine.pool.num_blocks  # back to the baseline
     assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
+    recorder = engine.recorder  # nothing kept per request once it ended (tests/reliability/test_request_ids.py)
+    assert engine.requests == {} and engine.kv._num_offered == {} and recorder._pending == []
+    assert recorder._seen_scheduled == set() and recorder._was_preempted == set() and recorder._renamed == {}
+    assert recorder.pages.tables == {} and recorder.pages.holders == {}
     phases = Counter(aborted.values())
     COUNTS.update(requests=NUM_REQUESTS, steps=engine.step_index, aborted=len(aborted),
                   **{f"aborted while {k}": v for k, v in sorted(phases.items())},

@@ -49,8 +49,14 @@ def check_chrome_trace(trace: dict) -> dict[str, int]:
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 for v in e["args"].values()
             ), e
-        elif ph in ("b", "e"):
-            asyncs[(e["pid"], e["cat"], e["id"])].append(e)
+        elif ph in ("b", "e"):  # an id, or an id2 that says its scope: process-local or global
+            assert ("id" in e) != ("id2" in e), e
+            if "id" in e:
+                scope, key = "global", e["id"]
+            else:
+                ((scope, key),) = e["id2"].items()
+                assert scope in ("local", "global"), e
+            asyncs[(e["pid"] if scope == "local" else None, e["cat"], scope, key)].append(e)
     for thread, events in slices.items():  # complete events on one thread must nest
         stack: list[int] = []
         for e in sorted(events, key=lambda e: (to_ns(e["ts"]), -to_ns(e["dur"]))):
@@ -98,6 +104,13 @@ def test_trace_structure(preempted_run, tmp_path):
         "preempted",
         *run.requests.request_id,
     }
+    # each request's lane is local to the "kvscope requests" process (a global id would put the lanes
+    # under Perfetto's "Global Legacy Events"), one id per request
+    request_events = [e for e in trace["traceEvents"] if e["pid"] == REQUESTS_PID and e["ph"] in ("b", "e")]
+    assert all("id" not in e and set(e["id2"]) == {"local"} for e in request_events)
+    lane_ids = {e["name"]: e["id2"]["local"] for e in lanes if e["name"] in set(run.requests.request_id)}
+    assert len(lane_ids) == len(set(lane_ids.values())) == len(run.requests)
+    assert {e["id2"]["local"] for e in request_events} == set(lane_ids.values())
     assert trace["displayTimeUnit"] == "ms" and trace["kvscope"]["meta"]["model"] == run.meta["model"]
     # a step's counters sit at its end, on our clock
     first = run.records[0]

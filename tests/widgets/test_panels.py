@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from bokeh.document import Document
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ModelChangedEvent
+from bokeh.models import HoverTool, Legend, LinearAxis, PrintfTickFormatter
+from bokeh.plotting import figure
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
 from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
@@ -78,7 +80,7 @@ def test_series_panels_have_one_row_per_step(finished_run):
     assert list(batch["prefill"]) == [r.num_prefill_tokens for r in finished_run.records]
     assert list(batch["running"]) == [r.num_running for r in finished_run.records]
     occupancy = panels["occupancy"].source.data
-    assert max(occupancy["static_share"]) > 1  # a static reservation would not fit this pool
+    assert max(occupancy["static_x_pool"]) > 1  # a static reservation would not fit this pool
     assert len(panels["memory"].source.data["kv_used"]) == n
     kpi = panels["kpi"].values
     assert (kpi["finished"], kpi["requests"], kpi["step"]) == (8, 8, finished_run.records[-1].step)
@@ -178,7 +180,43 @@ def test_the_registry_builds_every_panel_once_in_the_layout_order():
 
     panels = build_panels(LatencyStats(), 10, {"model": "m"})
     names = [p.name for p in panels]
-    assert names == [t.name for t in PANELS] and len(set(names)) == len(names) == 7
+    assert names == [t.name for t in PANELS] and len(set(names)) == len(names) == 9
     assert [type(p) for p in panels] == list(PANELS)
     assert sorted(n for row in ROWS for n in row) == sorted(names)  # the live layout shows each one
     assert panels[0].meta == {"model": "m"} and panels[1].rollover == 10
+
+
+def _figures(panels) -> list:
+    return [f for p in panels.values() for f in p.model.select({"type": figure})]
+
+
+def test_every_legend_sits_below_its_plot_and_hides_on_click(finished_run):
+    _, panels = _fill(finished_run)
+    with_legend = {f.title.text: f for f in _figures(panels) if f.select(type=Legend)}
+    assert len(with_legend) == 6, sorted(with_legend)  # memory, occupancy, batch, phases, timeline, drafts
+    for title, fig in with_legend.items():
+        (legend,) = fig.select(type=Legend)
+        assert legend in fig.below and legend not in fig.center, title  # never over the data
+        assert legend.orientation == "horizontal" and legend.click_policy == "hide", title
+        assert all(item.renderers for item in legend.items), title
+    timeline = panels["timeline"].figure
+    (legend,) = timeline.select(type=Legend)
+    assert [item.label.value for item in legend.items] == ["waiting", "prefill", "decode", "preempted"]
+    data = panels["timeline"].source.data
+    shown = sorted(i for item in legend.items for r in item.renderers
+                   for i, state in enumerate(data["state"]) if state == r.view.filter.group)
+    assert shown == list(range(len(data["state"])))  # each bar drawn by exactly one state's renderer
+
+
+def test_the_static_reservation_reads_in_times_the_pool(finished_run):
+    _, panels = _fill(finished_run)
+    fig = panels["occupancy"].figure
+    (right,) = [a for a in fig.right if isinstance(a, LinearAxis)]
+    assert right.y_range_name == "static" and "x the pool" in right.axis_label
+    assert isinstance(right.formatter, PrintfTickFormatter) and right.formatter.format == "%.1fx"
+    (hover,) = fig.select(type=HoverTool)
+    assert dict(hover.tooltips)["static reservation"] == "@{static_x_pool}{0.0}x"
+    kv = finished_run.records[-2].kv
+    bytes_per_block = next(r.kv.paged_bytes // r.kv.blocks_used for r in finished_run.records if r.kv.blocks_used)
+    expected = kv.static_reservation_bytes / (kv.num_blocks * bytes_per_block)
+    assert panels["occupancy"].source.data["static_x_pool"][-2] == pytest.approx(expected)

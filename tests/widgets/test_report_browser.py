@@ -1,8 +1,9 @@
 """The exported HTML report in a real browser: headless Chromium, network blocked.
 
-Every panel must render, the step slider must replay the page map (checked against
-``Run.page_map_at``), hostile prompt text must show as text and run nothing, and a screenshot is kept
-in ``artifacts/`` for people to look at.
+Every panel must render, no legend may cover its plot's data, the static reservation must read in times
+the pool, the step slider must replay the page map (checked against ``Run.page_map_at``), hostile
+prompt text must show as text and run nothing, and a screenshot is kept in ``artifacts/`` for people
+to look at.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ MODEL_DATA_JS = """(name) => {
   return m.data !== undefined ? {owner: [...m.data.owner], state: [...m.data.state]} : m.value;
 }"""
 
-PAGE_MAP_BOX_JS = """() => {
-  const view = [...Bokeh.index.all_views()].find(v => v.model.type == "Figure" && v.model.title.text == "KV page map");
+FIGURE_BOX_JS = """(title) => {
+  const view = [...Bokeh.index.all_views()].find(v => v.model.type == "Figure" && v.model.title.text == title);
   const r = view.el.getBoundingClientRect();
   return {x: r.x, y: r.y, width: r.width, height: r.height};
 }"""
@@ -34,6 +35,19 @@ ELEMENTS_JS = """(tag) => {
   walk(document);
   return found;
 }"""
+
+
+# Per figure as drawn: its plot area (frame), the boxes of its legends and the tick labels of its axes.
+LAYOUT_JS = """() => [...Bokeh.index.all_views()].filter(v => v.model.type == "Figure").map(v => {
+  const box = (b) => ({left: b.left, top: b.top, right: b.right, bottom: b.bottom});
+  const parts = [...v.renderer_views.values()];
+  return {
+    title: v.model.title.text, frame: box(v.frame.bbox),
+    legends: parts.filter(p => p.model.type == "Legend").map(p => box(p.bbox)),
+    axes: parts.filter(p => p.model.type == "LinearAxis").map(p => ({
+      label: p.model.axis_label, ticks: p.compute_labels(p.tick_coords.major[p.dimension]).items.map(t => t.text)})),
+  };
+})"""
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +80,31 @@ def test_every_panel_renders_offline(page, report, artifacts):
     assert log["errors"] == [] and log["dialogs"] == []
 
 
+def test_no_legend_covers_data_and_the_static_reservation_reads_in_times_the_pool(page, report, artifacts):
+    _open(page, report)
+    figures = {f["title"]: f for f in page.evaluate(LAYOUT_JS)}
+    with_legend = {t: f for t, f in figures.items() if f["legends"]}
+    assert len(with_legend) == 5, sorted(with_legend)  # memory, occupancy, batch, phases, timeline
+    for title, fig in with_legend.items():
+        frame = fig["frame"]
+        for legend in fig["legends"]:
+            assert legend["right"] > legend["left"] and legend["bottom"] > legend["top"], title  # drawn
+            assert legend["top"] >= frame["bottom"], f"{title}: the legend overlaps the plot area"
+    occupancy = figures["KV occupancy vs. static reservation"]
+    (static,) = [a for a in occupancy["axes"] if "x the pool" in a["label"]]
+    assert static["ticks"] and all(t.endswith("x") for t in static["ticks"]), static
+    assert max(float(t[:-1]) for t in static["ticks"]) > 1  # this run's reservation exceeds the pool
+    (share,) = [a for a in occupancy["axes"] if a["label"] == "share of KV pool"]
+    assert share["ticks"][-1] == "100%" and not any("000%" in t for a in occupancy["axes"] for t in a["ticks"])
+    page.screenshot(clip=page.evaluate(FIGURE_BOX_JS, "KV occupancy vs. static reservation"),
+                    path=str(artifacts / "report_occupancy.png"))
+
+
 def test_slider_replays_the_page_map(page, report, finished_run, artifacts):
     _open(page, report)
     last = page.evaluate(MODEL_DATA_JS, "page-map-slider")
     before = page.evaluate(MODEL_DATA_JS, "page-map-cells")
-    box = page.evaluate(PAGE_MAP_BOX_JS)
+    box = page.evaluate(FIGURE_BOX_JS, "KV page map")
     shot_before = page.screenshot(clip=box)
 
     handle = page.locator(".noUi-handle").first

@@ -41,7 +41,7 @@ class BatchPanel(Panel):
              ("running", "@running"), ("waiting", "@waiting")],
             mode="vline",
         )
-        style_legend(fig)
+        style_legend(fig, ncols=4)
         self.figure = fig
         self.model = fig
         self._max_requests = 1

@@ -56,18 +56,19 @@ class LatencyPanel(Panel):
              *[(p, f"@{p}{{0.000}} ms") for p in PHASES]],
             mode="vline",
         )
-        style_legend(phases, "top_right")
+        style_legend(phases, ncols=5)
         self.ttft_source = ColumnDataSource(histogram([]))
         self.itl_source = ColumnDataSource(histogram([]))
-        self.ttft_figure = self._histogram_figure("TTFT (ms)", self.ttft_source, "#ff7f0e")
-        self.itl_figure = self._histogram_figure("ITL (ms)", self.itl_source, "#1f77b4")
+        # As tall as the phases (their legend below adds height): the row's bottoms line up.
+        self.ttft_figure = self._histogram_figure("TTFT (ms)", self.ttft_source, "#ff7f0e", phases.height)
+        self.itl_figure = self._histogram_figure("ITL (ms)", self.itl_source, "#1f77b4", phases.height)
         self.phase_figure = phases
         self.model = row(phases, self.ttft_figure, self.itl_figure)
         self._seen = (-1, -1)
 
     @staticmethod
-    def _histogram_figure(title: str, source: ColumnDataSource, color: str):
-        fig = new_figure(title, width=250, height=HEIGHT, y_axis_label="count")
+    def _histogram_figure(title: str, source: ColumnDataSource, color: str, height: int):
+        fig = new_figure(title, width=250, height=height, y_axis_label="count")
         fig.quad(left="left", right="right", bottom=0, top="count", source=source, color=color, alpha=0.8)
         fig.xaxis.ticker.desired_num_ticks = 4  # a narrow plot: fewer, readable labels
         add_hover(fig, [("range", "@left{0.00}–@right{0.00} ms"), ("count", "@count")])

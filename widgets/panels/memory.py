@@ -54,7 +54,7 @@ class MemoryPanel(Panel):
              ("device used", "@device_used{0,0.00}"), ("host RSS", "@host_rss{0,0.00}")],
             mode="vline",
         )
-        style_legend(fig)
+        style_legend(fig, ncols=3)
         self.figure = fig
         self.model = fig
 

@@ -1,15 +1,25 @@
 """KV occupancy per step: blocks used, tokens stored and fragmentation as shares of the pool,
-against a static max-length reservation. One row per ``StepRecord``, streamed with ``rollover``.
+against a static max-length reservation in times the pool (its own right axis: "42.0x").
+One row per ``StepRecord``, streamed with ``rollover``.
 """
 
 from __future__ import annotations
 
-from bokeh.models import DataRange1d, LinearAxis, NumeralTickFormatter, Range1d
+from bokeh.models import DataRange1d, LinearAxis, Range1d
 
 from kvscope.telemetry.records import StepRecord
 
 from ..feed import Tick
-from ..theme import add_hover, empty_source, new_figure, stream_rows, style_legend
+from ..theme import (
+    TIMES,
+    add_hover,
+    empty_source,
+    hover_value,
+    new_figure,
+    stream_rows,
+    style_legend,
+    tick_formatter,
+)
 from .base import Panel, PanelContext, kv_bytes_per_block
 
 
@@ -27,28 +37,28 @@ class OccupancyPanel(Panel):
     def __init__(self, rollover: int | None) -> None:
         self.rollover = rollover
         self._bytes_per_block: int | None = None
-        self.source = empty_source("step", "block_usage", "token_usage", "fragmentation", "static_share")
+        self.source = empty_source("step", "block_usage", "token_usage", "fragmentation", "static_x_pool")
         fig = new_figure(self.title, x_axis_label="step", y_axis_label="share of KV pool",
                          y_range=Range1d(0, 1.05))
         fig.line("step", "block_usage", source=self.source, color="#fd8d3c", width=2, legend_label="blocks used")
         fig.line("step", "token_usage", source=self.source, color="#31a354", width=2, legend_label="tokens stored")
         fig.line("step", "fragmentation", source=self.source, color="#756bb1", legend_label="fragmentation")
         # A static cache reserves max_model_len per request: often many times the pool, so it gets
-        # its own (right) axis and the paged lines keep their detail on the left one.
+        # its own (right) axis, in times the pool, and the paged lines keep their detail on the left one.
         fig.extra_y_ranges = {"static": DataRange1d(start=0)}
-        static = fig.line("step", "static_share", source=self.source, color="#d62728", dash="dashed", width=2,
-                          y_range_name="static", legend_label="static reservation (right axis)")
+        static = fig.line("step", "static_x_pool", source=self.source, color="#d62728", dash="dashed", width=2,
+                          y_range_name="static", legend_label="static reservation, x the pool (right axis)")
         fig.extra_y_ranges["static"].renderers = [static]
-        fig.add_layout(LinearAxis(y_range_name="static", axis_label="static reservation / pool",
-                                  formatter=NumeralTickFormatter(format="0%")), "right")
-        fig.yaxis[0].formatter = NumeralTickFormatter(format="0%")
+        fig.add_layout(LinearAxis(y_range_name="static", axis_label="static reservation, x the pool",
+                                  formatter=tick_formatter(TIMES)), "right")
+        fig.yaxis[0].formatter = tick_formatter("0%")
         add_hover(
             fig,
             [("step", "@step"), ("blocks used", "@block_usage{0.0%}"), ("tokens stored", "@token_usage{0.0%}"),
-             ("fragmentation", "@fragmentation{0.0%}"), ("static reservation", "@static_share{0.0%}")],
+             ("fragmentation", "@fragmentation{0.0%}"), ("static reservation", hover_value("static_x_pool", TIMES))],
             mode="vline",
         )
-        style_legend(fig)
+        style_legend(fig, ncols=2)
         self.figure = fig
         self.model = fig
 
@@ -61,7 +71,7 @@ class OccupancyPanel(Panel):
             "block_usage": kv.block_usage,
             "token_usage": kv.token_usage,
             "fragmentation": kv.fragmentation,
-            "static_share": kv.static_reservation_bytes / pool if pool else 0.0,
+            "static_x_pool": kv.static_reservation_bytes / pool if pool else 0.0,
         }
 
     def update(self, tick: Tick) -> None:

@@ -12,6 +12,11 @@ cells that changed go out, with ``ColumnDataSource.patch``.
 
 ``cell_style`` is the single definition of a cell's look; ``report.py`` mirrors it in the JavaScript
 of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live ones.
+
+With speculative decoding, a small triangle marks each block that held draft slots in the step
+(``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when some, red
+when none (the block went back to the pool). ``pool_of`` / ``map_of`` say which pool a panel draws
+(``speculation.DraftPageMapPanel`` draws the draft model's).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 from bokeh.models import Range1d
 
-from kvscope.telemetry.records import FREE_PAGE, PageEntry
+from kvscope.telemetry.records import FREE_PAGE, PageEntry, StepRecord
 
 from ..feed import Tick
 from ..theme import (
@@ -44,6 +49,7 @@ MAX_CELLS = 8192
 STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
 SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
 NO_OUTLINE = "rgba(0,0,0,0)"
+DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: none, some, all accepted
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
@@ -82,6 +88,7 @@ def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
 class PageMapPanel(Panel):
     name = "page_map"
     title = "KV page map"
+    marks_drafts = True  # mark the blocks that held draft slots in the step (speculative decoding)
 
     @classmethod
     def create(cls, context: PanelContext) -> PageMapPanel:
@@ -99,12 +106,19 @@ class PageMapPanel(Panel):
         self.source.name = "page-map-cells"
         fig = new_figure(self.title, width=width, height=height, x_range=Range1d(-0.5, 0.5),
                          y_range=Range1d(0.5, -0.5))
-        fig.rect("x", "y", width=0.92, height=0.92, source=self.source, fill_color="color", fill_alpha="alpha",
-                 line_color="outline", line_width=2)
+        cells = fig.rect("x", "y", width=0.92, height=0.92, source=self.source, fill_color="color",
+                         fill_alpha="alpha", line_color="outline", line_width=2)
         fig.axis.visible = False
         fig.grid.visible = False
         add_hover(fig, [("block", "@blocks"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
-                        ("holders", "@refs")])
+                        ("holders", "@refs")], renderers=[cells])
+        self.marks = empty_source("x", "y", "block", "drafted", "accepted", "color")
+        self.marks.name = "page-map-draft-slots"
+        if self.marks_drafts:
+            marks = fig.scatter("x", "y", source=self.marks, marker="triangle", size=8, fill_color="color",
+                                line_color="#ffffff")
+            add_hover(fig, [("block", "@block"), ("draft slots this step", "@drafted"),
+                            ("accepted", "@accepted")], renderers=[marks])
         self.figure = fig
         self.model = fig
 
@@ -140,21 +154,48 @@ class PageMapPanel(Panel):
                 entries[block] = PageEntry(*entry)
                 changed.add(block)
 
+    def pool_of(self, record: StepRecord) -> tuple[int, int] | None:
+        """(blocks, block size) of the pool this panel draws, as ``record`` tells it (None: it does not)."""
+        return record.kv.num_blocks, record.kv.block_size
+
+    def map_of(self, record: StepRecord) -> dict[int, PageEntry]:
+        """The page-map entries ``record`` holds for this panel's pool (a diff or a snapshot)."""
+        return record.page_map
+
     def update(self, tick: Tick) -> None:
         if not tick.steps:
             return
         fresh = not self.entries
         if fresh:
-            kv = tick.steps[0].kv
-            self._build_grid(kv.num_blocks, kv.block_size)
+            pool = next((p for p in map(self.pool_of, tick.steps) if p is not None), None)
+            if pool is None:
+                return
+            self._build_grid(*pool)
         changed: set[int] = set()
         for record in tick.steps:
-            self.apply(record.page_map, changed)
+            self.apply(self.map_of(record), changed)
         self.step = tick.steps[-1].step
         if fresh:  # the one full send of the grid
             self.source.data = columns([self._cell(c) for c in range(self.num_cells)], arrays=True)
         elif changed:
             self.source.patch(self._patches(sorted({b // self.group for b in changed})))
+        if self.marks_drafts:
+            self.mark_drafts(tick.steps)
+
+    def mark_drafts(self, records: list[StepRecord]) -> None:
+        """Triangles on the blocks that held draft slots in the last speculative step of ``records``."""
+        spec = next((r.spec_decode for r in reversed(records) if r.spec_decode is not None), None)
+        if spec is None or not self.entries:
+            return
+        rows = []
+        for block, (drafted, accepted) in sorted(spec.draft_slots.items()):
+            cell = block // self.group
+            rank = 2 if accepted == drafted else 1 if accepted else 0
+            rows.append({"x": cell % self.cols + 0.3, "y": cell // self.cols - 0.3, "block": block,
+                         "drafted": drafted, "accepted": accepted, "color": DRAFT_MARK_COLORS[rank]})
+        data = columns(rows) if rows else {c: [] for c in self.marks.data}
+        if data != dict(self.marks.data):
+            self.marks.data = data
 
     def show_entries(self, entries: list[PageEntry]) -> None:
         """Show a whole map (a replayed step): patch the cells that differ from what is shown."""

@@ -16,6 +16,7 @@ from .latency import LatencyPanel
 from .memory import MemoryPanel
 from .occupancy import OccupancyPanel
 from .page_map import PageMapPanel
+from .speculation import DraftPageMapPanel, SpeculationPanel
 from .timeline import TimelinePanel
 
 PANELS: tuple[type[Panel], ...] = (
@@ -26,6 +27,8 @@ PANELS: tuple[type[Panel], ...] = (
     BatchPanel,  # prefill vs decode tokens per step, running/waiting requests
     LatencyPanel,  # per-step time by phase; TTFT and ITL histograms
     TimelinePanel,  # one lane per request, coloured by waiting/prefill/decode/preempted
+    SpeculationPanel,  # drafted / accepted / rejected per step, acceptance by draft position (hidden if off)
+    DraftPageMapPanel,  # the draft model's own KV pool (hidden without a draft model)
 )
 
 

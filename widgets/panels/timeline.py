@@ -5,32 +5,27 @@ preemption), decode (one token per step), preempted (evicted, waiting to be reco
 enters prefill when ``scheduled`` / ``resumed``, decode at the first step that decodes it, preempted
 at ``preempted``, and its last bar ends at ``finished``.
 
+Each state is its own renderer over the one source (a ``GroupFilter`` on ``state``), so the legend
+below the plot names the states and a click on one hides its bars.
+
 Bars stream in with ``rollover`` (oldest bars scroll out); the bar each unfinished request is in is
 stretched to the newest step by ``patch`` each tick. Patch indices account for rolled-over rows.
 """
 
 from __future__ import annotations
 
-from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, Div
+from bokeh.models import CDSView, ColumnDataSource, GroupFilter
 
 from kvscope.telemetry.records import RequestEvent, StepRecord
 
 from ..feed import Tick
-from ..theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure
+from ..theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure, style_legend
 from .base import Panel, PanelContext
 
-COLUMNS = ("lane", "left", "right", "state", "request", "color")
+COLUMNS = ("lane", "left", "right", "state", "request")
 EVENT_STATES = {
     "queued": "waiting", "scheduled": "prefill", "first_token": "decode", "resumed": "prefill", "preempted": "preempted",
 }
-
-
-def _legend() -> Div:
-    """A fixed legend of the four states (a Bokeh legend of streamed, grouped data does not update)."""
-    swatch = "<span style='display:inline-block;width:11px;height:11px;margin:0 4px 0 12px;background:{}'></span>{}"
-    items = "".join(swatch.format(color, state) for state, color in STATE_COLORS.items())
-    return Div(text=f"<div style='font:11px sans-serif;color:#444'>{items}</div>", margin=(0, 0, 0, 40))
 
 
 class TimelinePanel(Panel):
@@ -49,12 +44,15 @@ class TimelinePanel(Panel):
         fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
                          x_axis_label="seconds since start", y_axis_label="request")
         fig.y_range.flipped = True
-        bars = fig.hbar(y="lane", left="left", right="right", height=0.8, color="color", source=self.source)
+        bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=self.source,
+                         view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=state)
+                for state, color in STATE_COLORS.items()]
         add_hover(fig, [("request", "@request"), ("state", "@state"),
                         ("from", "@left{0.000} s"), ("to", "@right{0.000} s")],
-                  renderers=[bars])
+                  renderers=bars)
+        style_legend(fig, ncols=len(STATE_COLORS))
         self.figure = fig
-        self.model = column(_legend(), fig)
+        self.model = fig
         self.t0_ns: int | None = None
         self._lanes: dict[str, int] = {}  # unfinished requests -> lane
         self._open: dict[str, tuple[int, str]] = {}  # unfinished requests -> (row, state) of its open bar
@@ -93,8 +91,7 @@ class TimelinePanel(Panel):
             self._lanes[rid] = self._next_lane
             self._next_lane += 1
         row = self._rows_sent + len(self._pending)
-        self._pending.append({"lane": self._lanes[rid], "left": t, "right": t, "state": state, "request": rid,
-                              "color": STATE_COLORS[state]})
+        self._pending.append({"lane": self._lanes[rid], "left": t, "right": t, "state": state, "request": rid})
         self._open[rid] = (row, state)
 
     def _event(self, event: RequestEvent) -> None:

@@ -1,0 +1,230 @@
+"""What one engine's prefix cache holds, rebuilt from its KV events: a forest of block hashes.
+
+A ``BlockStored`` event names full blocks in order, the first one's parent given: each block's parent is
+the block before it in its sequence, so the cached blocks form a prefix tree (a root is the first block
+of a prompt; a block with many continuations below it is a shared prefix). ``BlockRemoved`` takes blocks
+out when vLLM evicts them (reuses their memory): a block a request merely freed stays cached, and stays
+here. Nothing in the events names a request or a block id, so this is the cache's content, not which
+request holds what (occupancy and fragmentation are not knowable from outside).
+
+``layout`` draws the tree as an icicle: one row per cached chain (a leaf), one column per block position,
+a shared block spanning the rows of every chain below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+@dataclass(slots=True)
+class CachedBlock:
+    parent: str | None
+    depth: int  # blocks before it in its sequence, as far as the events showed (0: a prompt's first block)
+    stored_ns: int  # when it was last stored
+    times_stored: int = 1  # > 1: stored again after an eviction (recomputed)
+    media: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class IntervalCounts:
+    stored: int = 0  # blocks stored (cached) since the last ``take_interval``
+    removed: int = 0  # blocks evicted
+    cleared: int = 0  # blocks dropped by AllBlocksCleared
+
+
+class Residency:
+    """The cached blocks of one engine. ``apply`` events in order; ``take_interval`` reads and resets
+    the per-interval counts; ``num_distinct`` is how many different hashes were ever stored."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, CachedBlock] = {}
+        self.children: dict[str, set[str]] = {}
+        self.depths: dict[str, int] = {}  # every hash ever stored -> its depth (kept after eviction)
+        self.block_size: int | None = None
+        self.num_stored = 0  # block stores, in total
+        self.num_removed = 0  # evictions of blocks this watcher had seen stored
+        self.num_removed_unseen = 0  # evictions of blocks stored before the watch began (or in a gap)
+        self.num_restored = 0  # stores of a hash stored before (recomputed after an eviction)
+        self.num_cleared = 0
+        self._interval = IntervalCounts()
+
+    @property
+    def num_distinct(self) -> int:
+        return len(self.depths)
+
+    @property
+    def num_resident(self) -> int:
+        return len(self.blocks)
+
+    def apply(self, event: KVEvent, t_ns: int) -> None:
+        if isinstance(event, BlockStored):
+            self.block_size = event.block_size
+            parent = event.parent_block_hash
+            for key in event.block_hashes:
+                self._store(key, parent, event.medium, t_ns)
+                parent = key
+        elif isinstance(event, BlockRemoved):
+            for key in event.block_hashes:
+                self._remove(key, event.medium)
+        elif isinstance(event, AllBlocksCleared):
+            n = len(self.blocks)
+            self.num_cleared += n
+            self._interval.cleared += n
+            self.blocks.clear()
+            self.children.clear()
+
+    def apply_all(self, events: Iterable[KVEvent], t_ns: int) -> None:
+        for event in events:
+            self.apply(event, t_ns)
+
+    def _store(self, key: str, parent: str | None, medium: str, t_ns: int) -> None:
+        self.num_stored += 1
+        self._interval.stored += 1
+        block = self.blocks.get(key)
+        if block is not None:  # already cached (another medium, or stored twice)
+            block.media.add(medium)
+            block.times_stored += 1
+            block.stored_ns = t_ns
+            return
+        if parent is not None and (parent == key or (self._kids(key) and self._below(parent, key))):
+            parent = None  # damaged events would make a cycle (a block its own ancestor): start a new tree
+        known = parent is not None and parent in self.depths
+        depth = self.depths[parent] + 1 if known else 0
+        before = key in self.depths
+        self.num_restored += before
+        self.depths[key] = depth
+        self.blocks[key] = CachedBlock(parent, depth, t_ns, 2 if before else 1, {medium})
+        if parent is not None:
+            self.children.setdefault(parent, set()).add(key)
+
+    def _below(self, key: str, ancestor: str) -> bool:
+        """Whether ``ancestor`` is on the cached path from ``key`` up to its root."""
+        for _ in range(len(self.blocks) + 1):
+            block = self.blocks.get(key)
+            if block is None or block.parent is None:
+                return False
+            key = block.parent
+            if key == ancestor:
+                return True
+        return True  # a cycle already: treat as below
+
+    def _remove(self, key: str, medium: str) -> None:
+        block = self.blocks.get(key)
+        if block is None:
+            self.num_removed_unseen += 1
+            self._interval.removed += 1
+            return
+        block.media.discard(medium)
+        if block.media:  # still cached elsewhere (e.g. offloaded to the CPU)
+            return
+        del self.blocks[key]
+        self.num_removed += 1
+        self._interval.removed += 1
+        if block.parent is not None:
+            kids = self.children.get(block.parent)
+            if kids is not None:
+                kids.discard(key)
+                if not kids:
+                    del self.children[block.parent]
+
+    def clear(self) -> None:
+        """Forget what is cached (the server restarted: its cache is empty); what was ever stored stays."""
+        self.blocks.clear()
+        self.children.clear()
+
+    def take_interval(self) -> IntervalCounts:
+        counts, self._interval = self._interval, IntervalCounts()
+        return counts
+
+    # ---- the tree ----------------------------------------------------------------------------------------
+    def roots(self) -> list[str]:
+        """Cached blocks whose parent is not cached (a prompt's first block, or one whose prefix was evicted)."""
+        return [k for k, b in self.blocks.items() if b.parent is None or b.parent not in self.blocks]
+
+    def _kids(self, key: str) -> list[str]:
+        return [c for c in self.children.get(key, ()) if c in self.blocks]
+
+    def leaves_below(self) -> dict[str, int]:
+        """block -> number of cached chains through it (1 for a block no other chain shares)."""
+        counts: dict[str, int] = {}
+        for root in self.roots():
+            order, stack = [], [root]
+            while stack:  # iterative DFS: chains can be thousands of blocks long
+                key = stack.pop()
+                order.append(key)
+                stack.extend(self._kids(key))
+            for key in reversed(order):
+                kids = self._kids(key)
+                counts[key] = sum(counts[c] for c in kids) if kids else 1
+        return counts
+
+    def chains(self) -> list[list[str]]:
+        """Every cached chain, root to leaf."""
+        out = []
+        for root in self.roots():
+            stack = [(root, [root])]
+            while stack:
+                key, path = stack.pop()
+                kids = sorted(self._kids(key))
+                if not kids:
+                    out.append(path)
+                for kid in kids:
+                    stack.append((kid, [*path, kid]))
+        return out
+
+    def hot(self, n: int = 5) -> list[tuple[str, int, int]]:
+        """The ``n`` most shared cached blocks: (hash, chains through it, depth), most shared first
+        (ties: nearer the root first)."""
+        below = self.leaves_below()
+        shared = [(k, c, self.blocks[k].depth) for k, c in below.items() if c > 1]
+        shared.sort(key=lambda x: (-x[1], x[2], x[0]))
+        return shared[:n]
+
+    def layout(self, max_rows: int = 400) -> dict[str, list]:
+        """The icicle of the cached tree: per block ``x0, x1`` (position in its sequence), ``y0, y1``
+        (the rows of the chains through it), ``chains`` (how many), ``key``, ``stored_ns`` and ``restored``.
+        At most ``max_rows`` chains: the trees with the most chains first."""
+        below = self.leaves_below()
+        cols: dict[str, list] = {k: [] for k in ("x0", "x1", "y0", "y1", "chains", "key", "stored_ns", "restored")}
+        roots = sorted(self.roots(), key=lambda k: (-below.get(k, 1), self.blocks[k].depth, k))
+        row = 0
+        for root in roots:
+            if row >= max_rows:
+                break
+            stack = [(root, row)]
+            while stack:
+                key, y = stack.pop()
+                block = self.blocks[key]
+                n = below.get(key, 1)
+                cols["x0"].append(block.depth)
+                cols["x1"].append(block.depth + 1)
+                cols["y0"].append(y)
+                cols["y1"].append(y + n)
+                cols["chains"].append(n)
+                cols["key"].append(key)
+                cols["stored_ns"].append(block.stored_ns)
+                cols["restored"].append(block.times_stored > 1)
+                offset = y
+                for kid in sorted(self._kids(key), key=lambda c: (-below.get(c, 1), c)):
+                    stack.append((kid, offset))
+                    offset += below.get(kid, 1)
+            row += below.get(root, 1)
+        return cols
+
+    def summary(self) -> dict[str, int | None]:
+        """Counts for ``Run.summary`` and the files (JSON values)."""
+        below = self.leaves_below()
+        return {
+            "kv_blocks_stored": self.num_distinct,
+            "kv_blocks_resident": self.num_resident,
+            "kv_block_stores": self.num_stored,
+            "kv_blocks_evicted": self.num_removed + self.num_removed_unseen,
+            "kv_blocks_restored": self.num_restored,
+            "kv_blocks_cleared": self.num_cleared,
+            "kv_chains": sum(1 for c in self.blocks if not self._kids(c)),
+            "kv_shared_blocks": sum(1 for c in below.values() if c > 1),
+            "kv_block_size": self.block_size,
+        }

@@ -1,0 +1,468 @@
+"""The watch as a telemetry source: metrics samples, KV events and plugin step records in, kvscope records out.
+
+Plugin JSONL (the line format shared with ``plugin.py``, which writes it, and ``WatchRun``, which tails it)
+---------------------------------------------------------------------------------------------------------
+One JSON object per line, UTF-8, ending in ``\\n``, each line written with one ``write`` on a file opened for
+appending (so lines of several engines or processes never interleave). Times ``t`` are Unix seconds
+(``time.time()``: the watcher may run elsewhere, so no monotonic clock crosses processes). Unknown fields are
+ignored and missing ones mean "not reported"; a line that is not JSON or not an object is counted and skipped.
+
+``{"type": "start", "format": "kvscope-vllm-plugin", "version": 1, "engine": 0, "pid": 1234, "t": 1764590000.1,
+  "vllm_version": "0.32.0", "model": "/tmp/tiny", "block_size": 32, "num_gpu_blocks": 512, "max_model_len": 2048}``
+    when a stat logger is created (once per engine index and process); a new ``pid`` is a server restart.
+``{"type": "step", "engine": 0, "pid": 1234, "t": 1764590000.4, "step": 17,``
+``  "num_running_reqs": 3, "num_waiting_reqs": 1, "kv_cache_usage": 0.25,``   SchedulerStats (absent when None)
+``  "prefix_cache_queries": 96, "prefix_cache_hits": 64,``   this step's, SchedulerStats.prefix_cache_stats
+``  "num_prompt_tokens": 96, "num_cached_prompt_tokens": 64, "num_generation_tokens": 3, "num_preempted_reqs": 0,``
+    IterationStats (0 when None; ``num_cached_prompt_tokens`` is ``prompt_token_stats.cached_tokens``)
+``  "time_to_first_tokens_s": [0.12], "inter_token_latencies_s": [0.02, 0.021],``
+``  "finished": [{"request_id": "cmpl-1", "finish_reason": "length", "num_prompt_tokens": 40,``
+``                "num_generation_tokens": 8, "num_cached_tokens": 32, "num_preemptions": 0, "e2e_latency_s": 0.5,``
+``                "queued_time_s": 0.01, "prefill_time_s": 0.1, "decode_time_s": 0.3, "inference_time_s": 0.4}],``
+``  "iteration": {"num_ctx_requests": 1, "num_ctx_tokens": 96, "num_generation_requests": 2,``
+``                "num_generation_tokens": 2, "elapsed_ms": 12.5} or null}``   SchedulerStats.iteration_details
+    once per ``record()`` call; ``step`` counts the calls of that engine's logger from 0, ``finish_reason`` is
+    ``str(FinishReason)`` (stop, length, abort, error, repetition).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
+
+from .events import EventBatch
+from .metrics import Histogram, MetricsSample, interval, restarted
+from .residency import Residency
+
+WATCH_FORMAT_VERSION = 1
+# per-interval lane columns (meta["watch"]["lanes"][engine]); None where not known (not connected)
+LANE_COLUMNS = (
+    "connected", "running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "prefix_queries",
+    "prefix_hits", "preemptions", "finished", "blocks_stored", "blocks_evicted", "blocks_resident",
+)
+_COUNTER_OF = {  # lane / totals column -> vLLM counter
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "prefix_queries": "vllm:prefix_cache_queries_total",
+    "prefix_hits": "vllm:prefix_cache_hits_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "finished": "vllm:request_success_total",
+    "computed_prompt_tokens": "vllm:prompt_tokens_by_source_total{source=local_compute}",
+}
+HIST_NAMES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+              "e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
+LOST, OK, WAITING = "connection lost", "ok", "waiting"
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, else ``None`` (plugin lines and pages may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def count(value: Any) -> int:
+    v = finite(value)
+    return max(round(v), 0) if v is not None else 0
+
+
+def server_name(url: str) -> str:
+    """``http://127.0.0.1:8000/metrics`` -> ``127.0.0.1:8000``."""
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0] or url
+
+
+def _hist_json(h: Histogram) -> dict[str, Any]:
+    return {"le": ["+Inf" if math.isinf(le) else le for le, _ in h.buckets], "counts": [c for _, c in h.buckets],
+            "sum": h.sum, "count": h.count}
+
+
+def _hist_add(a: Histogram | None, b: Histogram) -> Histogram:
+    if a is None or [le for le, _ in a.buckets] != [le for le, _ in b.buckets]:
+        return Histogram(list(b.buckets), b.sum, b.count)
+    return Histogram([(le, x + y) for (le, x), (_, y) in zip(a.buckets, b.buckets)], a.sum + b.sum, a.count + b.count)
+
+
+@dataclass(slots=True)
+class EngineState:
+    """One engine (a server's ``engine`` label, or a data-parallel rank) as the watch knows it."""
+
+    key: str  # "host:port/engine"
+    server: int  # index into the watched URLs
+    label: str
+    last: MetricsSample | None = None
+    totals: dict[str, float] = field(default_factory=dict)  # counters since the watch began
+    hist_base: dict[str, Histogram] = field(default_factory=dict)  # as at the first sample (or a restart)
+    hist_done: dict[str, Histogram] = field(default_factory=dict)  # observed before a restart
+    residency: Residency = field(default_factory=Residency)
+    has_events: bool = False
+    plugin: dict[str, Any] = field(default_factory=dict)  # the latest plugin step's state
+    plugin_totals: dict[str, float] = field(default_factory=dict)
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    connected: bool = False
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Observations since the watch began (across restarts)."""
+        now = self.last.histograms if self.last is not None else {}
+        out = dict(self.hist_done)
+        for name, h in now.items():
+            out[name] = _hist_add(self.hist_done.get(name), h.minus(self.hist_base.get(name)))
+        return out
+
+
+class WatchSource:
+    """The state of a watch, fed by the watcher's one thread: ``on_scrape`` / ``on_scrape_error`` per
+    URL and poll, ``on_events`` per KV event batch, ``on_plugin`` per plugin line, then ``tick`` once per
+    poll, which appends a row to every engine's lane and returns the new ``StepRecord``s and
+    ``RequestEvent``s. Without plugin records (``plugin_records=False``) each tick makes one record of the
+    fleet's state (zero duration: an interval is no step); with them, each engine step the plugin reported
+    is a record (its batch, and the fleet's state after it) and each finished request a lane of events.
+
+    ``watch`` is the JSON-ready description of the watch (``meta["watch"]`` of the run, the shape read by
+    ``summary.py`` and the widgets): lanes grow in place (the ``t_ns`` column last), everything else is
+    replaced whole at each tick, so a reader on another thread sees a consistent picture.
+    """
+
+    def __init__(self, urls: list[str], *, t0_ns: int | None = None, interval_s: float = 0.5,
+                 plugin_records: bool = False, layout_rows: int = 400) -> None:
+        self.urls = list(urls)
+        self.names = [server_name(u) for u in self.urls]
+        self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
+        self._unix0, self._perf0 = time.time(), time.perf_counter_ns()
+        self.plugin_records = plugin_records
+        self.layout_rows = layout_rows
+        self.engines: dict[str, EngineState] = {}
+        self.server_state = [WAITING] * len(urls)
+        self.server_error: list[str | None] = [None] * len(urls)
+        self.faults: dict[str, int] = dict.fromkeys(
+            ("metrics_malformed", "scrape_errors", "server_restarts", "event_batches", "events_malformed",
+             "event_gaps", "events_missed", "event_restarts", "events_replayed", "plugin_lines",
+             "plugin_malformed", "plugin_restarts"), 0)
+        self.lost: list[list] = []  # [engine or server name, t_lost_ns, t_back_ns or None]
+        self.step = 0
+        self._new_records: list[StepRecord] = []
+        self._new_events: list[RequestEvent] = []
+        self._pending: dict[str, dict[str, float]] = {}  # engine -> counter deltas since the last tick
+        self._plugin_pids: dict[str, Any] = {}
+        self.watch: dict[str, Any] = {
+            "version": WATCH_FORMAT_VERSION, "urls": self.urls, "interval_s": interval_s, "t0_ns": self.t0_ns,
+            "plugin": plugin_records, "engines": {}, "lanes": {}, "fleet": {"t_ns": [], **{c: [] for c in LANE_COLUMNS}},
+            "totals": {}, "histograms": {}, "residency": {}, "faults": dict(self.faults), "lost": [],
+            "servers": {}, "model": None,
+        }
+
+    # ---- inputs -----------------------------------------------------------------------------------------
+    def unix_to_ns(self, t: float) -> int:
+        """A Unix time (another process's ``time.time()``) on this process's ``perf_counter_ns`` clock."""
+        return self._perf0 + int((t - self._unix0) * 1e9)
+
+    def engine(self, server: int, label: str) -> EngineState:
+        key = f"{self.names[server]}/{label}"
+        eng = self.engines.get(key)
+        if eng is None:
+            eng = self.engines[key] = EngineState(key, server, label)
+            self.watch["lanes"][key] = {"t_ns": [], **{c: [] for c in LANE_COLUMNS}}
+        return eng
+
+    def on_scrape(self, server: int, samples: list[MetricsSample], num_malformed: int = 0) -> None:
+        self.faults["metrics_malformed"] += num_malformed
+        if self.server_state[server] == LOST:
+            self._back(self.names[server], samples[0].t_ns if samples else time.perf_counter_ns())
+        self.server_state[server], self.server_error[server] = OK, None
+        for sample in samples:
+            eng = self.engine(server, sample.engine)
+            if eng.last is None:
+                eng.hist_base = dict(sample.histograms)
+            elif restarted(eng.last, sample):  # the server started again: its counters and cache are new
+                self.faults["server_restarts"] += 1
+                eng.hist_done, eng.hist_base = eng.histograms(), {}
+                eng.residency.clear()
+            deltas = interval(eng.last, sample)
+            pending = self._pending.setdefault(eng.key, {})
+            for name, value in deltas.items():
+                eng.totals[name] = eng.totals.get(name, 0.0) + value
+                pending[name] = pending.get(name, 0.0) + value
+            eng.last, eng.connected = sample, True
+            eng.num_gpu_blocks = sample.num_gpu_blocks or eng.num_gpu_blocks
+            eng.block_size = sample.block_size or eng.block_size
+            if sample.model_name and not self.watch["model"]:
+                self.watch["model"] = sample.model_name
+
+    def on_scrape_error(self, server: int, message: str, t_ns: int) -> None:
+        self.faults["scrape_errors"] += 1
+        if self.server_state[server] == OK:
+            self.server_state[server] = LOST
+            self.lost.append([self.names[server], t_ns, None])
+        self.server_error[server] = message
+        for eng in self.engines.values():
+            if eng.server == server:
+                eng.connected = False
+
+    def _back(self, name: str, t_ns: int) -> None:
+        for span in self.lost:
+            if span[0] == name and span[2] is None:
+                span[2] = t_ns
+
+    def on_events(self, server: int, batch: EventBatch, t_ns: int, rank: int | None = None) -> None:
+        """A batch from the publisher of ``server`` (``rank``: its data-parallel rank when the batch
+        does not say)."""
+        label = batch.data_parallel_rank if batch.data_parallel_rank is not None else (rank or 0)
+        eng = self.engine(server, str(label))
+        eng.has_events = True
+        self.faults["event_batches"] += 1
+        self.faults["events_malformed"] += batch.num_malformed
+        eng.residency.apply_all(batch.events, t_ns)
+
+    def on_event_restart(self, server: int, rank: int) -> None:
+        """The publisher started again (its seq went back): the engine's cache starts empty."""
+        self.faults["event_restarts"] += 1
+        self.engine(server, str(rank)).residency.clear()
+
+    def on_plugin(self, server: int, obj: dict[str, Any]) -> None:
+        """One plugin line (see the format above)."""
+        self.faults["plugin_lines"] += 1
+        label = obj.get("engine", 0)
+        if isinstance(label, bool) or not isinstance(label, (int, str)):
+            self.faults["plugin_malformed"] += 1
+            return
+        eng = self.engine(server, str(label))
+        kind = obj.get("type")
+        if kind == "start":
+            pid = obj.get("pid")
+            if eng.key in self._plugin_pids and self._plugin_pids[eng.key] != pid:
+                self.faults["plugin_restarts"] += 1
+            self._plugin_pids[eng.key] = pid
+            eng.num_gpu_blocks = eng.num_gpu_blocks or (count(obj.get("num_gpu_blocks")) or None)
+            eng.block_size = eng.block_size or (count(obj.get("block_size")) or None)
+            if isinstance(obj.get("model"), str) and not self.watch["model"]:
+                self.watch["model"] = obj["model"]
+        elif kind == "step":
+            t = finite(obj.get("t"))
+            if t is None:
+                self.faults["plugin_malformed"] += 1
+                return
+            self._plugin_step(eng, obj, self.unix_to_ns(t))
+
+    def _plugin_step(self, eng: EngineState, obj: dict[str, Any], t_ns: int) -> None:
+        state, totals = eng.plugin, eng.plugin_totals
+        for name in ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage"):
+            value = finite(obj.get(name))
+            if value is not None:
+                state[name] = value
+        for name in ("num_prompt_tokens", "num_generation_tokens", "num_preempted_reqs", "prefix_cache_queries",
+                     "prefix_cache_hits"):
+            totals[name] = totals.get(name, 0) + count(obj.get(name))
+        raw = obj.get("finished")
+        finished = [f for f in raw if isinstance(f, dict)] if isinstance(raw, list) else []
+        totals["finished"] = totals.get("finished", 0) + len(finished)
+        totals["steps"] = totals.get("steps", 0) + 1
+        if not self.plugin_records:
+            return
+        it = obj.get("iteration") if isinstance(obj.get("iteration"), dict) else None
+        elapsed = finite(it.get("elapsed_ms")) if it else None
+        t_start = t_ns - int(elapsed * 1e6) if elapsed and elapsed > 0 else t_ns
+        ttft = obj.get("time_to_first_tokens_s") if isinstance(obj.get("time_to_first_tokens_s"), list) else []
+        itl = obj.get("inter_token_latencies_s") if isinstance(obj.get("inter_token_latencies_s"), list) else []
+        gen = count(obj.get("num_generation_tokens"))
+        if it:
+            batch = (count(it.get("num_ctx_requests")), count(it.get("num_ctx_tokens")),
+                     count(it.get("num_generation_requests")), count(it.get("num_generation_tokens")))
+        else:  # requests that got their first token finished a prefill (prompt tokens less the cached ones
+            # were computed); the others decoded one token each
+            computed = count(obj.get("num_prompt_tokens")) - count(obj.get("num_cached_prompt_tokens"))
+            batch = (len(ttft), max(computed, 0), len(itl), len(itl))
+        running, waiting = self._fleet_queues()
+        record = StepRecord(
+            step=-1, t_start_ns=t_start, t_end_ns=t_ns, schedule_ns=0, prepare_ns=0, forward_ns=t_ns - t_start,
+            sample_ns=0, update_ns=0, num_prefill_seqs=batch[0], num_prefill_tokens=batch[1],
+            num_decode_seqs=batch[2], num_decode_tokens=batch[3], num_running=running, num_waiting=waiting,
+            num_preempted=count(obj.get("num_preempted_reqs")), num_finished=len(finished), num_output_tokens=gen,
+            scheduled=[], kv=self._fleet_kv(),
+        )
+        self._new_records.append(record)
+        for f in finished:
+            self._new_events.extend(self._request_events(eng, f, t_ns))
+
+    def _request_events(self, eng: EngineState, f: dict[str, Any], t_end: int) -> list[RequestEvent]:
+        """A finished request's lane, its moments counted back from the end with vLLM's own intervals."""
+        rid = f.get("request_id")
+        rid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else f"{eng.key}#{self.step}"
+
+        def span(name: str) -> int:
+            value = finite(f.get(name))
+            return int(value * 1e9) if value is not None and value > 0 else 0
+
+        first = t_end - span("decode_time_s")
+        scheduled = first - span("prefill_time_s")
+        queued = min(scheduled - span("queued_time_s"), t_end - span("e2e_latency_s"))
+        prompt, out = count(f.get("num_prompt_tokens")), count(f.get("num_generation_tokens"))
+        reason = f.get("finish_reason") if isinstance(f.get("finish_reason"), str) else None
+        return [
+            RequestEvent(queued, -1, rid, "queued", prompt, 0),
+            RequestEvent(scheduled, -1, rid, "scheduled", prompt, 0, num_cached_tokens=count(f.get("num_cached_tokens"))),
+            RequestEvent(first, -1, rid, "first_token", prompt, min(out, 1)),
+            RequestEvent(t_end, -1, rid, "finished", prompt, out, reason=reason),
+        ]
+
+    # ---- the fleet ---------------------------------------------------------------------------------------
+    def _usage(self, eng: EngineState) -> float | None:
+        if self.plugin_records and "kv_cache_usage" in eng.plugin:
+            return eng.plugin["kv_cache_usage"]
+        if eng.connected and eng.last is not None:
+            return eng.last.gauges.get("vllm:kv_cache_usage_perc")
+        return None
+
+    def _fleet_queues(self) -> tuple[int, int]:
+        running = waiting = 0
+        for eng in self.engines.values():
+            if self.plugin_records and "num_running_reqs" in eng.plugin:
+                running += count(eng.plugin["num_running_reqs"])
+                waiting += count(eng.plugin.get("num_waiting_reqs"))
+            elif eng.connected and eng.last is not None:
+                running += count(eng.last.gauges.get("vllm:num_requests_running"))
+                waiting += count(eng.last.gauges.get("vllm:num_requests_waiting"))
+        return running, waiting
+
+    def _fleet_kv(self) -> KVState:
+        """The fleet's KV pool: blocks used from each engine's usage x its pool; no token-level fill
+        (``tokens_stored`` is the upper bound ``blocks_used x block_size``, fragmentation unknown: 0 here,
+        NaN in the summary), no bytes."""
+        num_blocks = used = 0
+        usages = []
+        block_size = 0
+        for eng in self.engines.values():
+            usage = self._usage(eng)
+            if usage is None:
+                continue
+            usages.append(usage)
+            if eng.num_gpu_blocks:
+                num_blocks += eng.num_gpu_blocks
+                used += round(usage * eng.num_gpu_blocks)
+            block_size = block_size or (eng.block_size or 0)
+        block_usage = used / num_blocks if num_blocks else (sum(usages) / len(usages) if usages else 0.0)
+        source = "plugin_totals" if self.plugin_records else "totals"
+        queries = sum(count(getattr(e, source).get("prefix_cache_queries" if self.plugin_records
+                                                  else _COUNTER_OF["prefix_queries"])) for e in self.engines.values())
+        hits = sum(count(getattr(e, source).get("prefix_cache_hits" if self.plugin_records
+                                               else _COUNTER_OF["prefix_hits"])) for e in self.engines.values())
+        evicted = sum(e.residency.num_removed + e.residency.num_removed_unseen for e in self.engines.values())
+        return KVState(num_blocks=num_blocks, block_size=block_size, blocks_used=used, blocks_cached_free=0,
+                       tokens_stored=used * block_size, block_usage=block_usage, token_usage=block_usage,
+                       fragmentation=0.0, static_reservation_bytes=0, paged_bytes=0, prefix_cache_queries=queries,
+                       prefix_cache_hits=hits, num_evictions=evicted)
+
+    # ---- ticks -------------------------------------------------------------------------------------------
+    def tick(self, t_ns: int, *, layout: bool = False) -> tuple[list[StepRecord], list[RequestEvent]]:
+        """Close the interval ending at ``t_ns``: a lane row per engine (and the fleet), the records and
+        events it made, and a fresh ``watch`` description (``layout``: with the residency icicles)."""
+        fleet = {c: None for c in LANE_COLUMNS}
+        sums = dict.fromkeys(_COUNTER_OF, 0.0)
+        any_connected = False
+        for eng in self.engines.values():
+            row = self._lane_row(eng)
+            lane = self.watch["lanes"][eng.key]
+            for name in LANE_COLUMNS:
+                lane[name].append(row[name])
+            lane["t_ns"].append(t_ns)  # last: a reader that sees the time sees the whole row
+            for name, value in row.items():
+                if value is not None and name not in ("connected", "kv_usage"):
+                    fleet[name] = (fleet[name] or 0) + value
+            any_connected |= bool(row["connected"])
+            for name in sums:
+                sums[name] += self._pending_value(eng, name)
+            self._pending.pop(eng.key, None)
+        fleet["connected"] = any_connected
+        kv = self._fleet_kv()
+        fleet["kv_usage"] = kv.block_usage if any_connected else None
+        for name in LANE_COLUMNS:
+            self.watch["fleet"][name].append(fleet[name])
+        self.watch["fleet"]["t_ns"].append(t_ns)
+        if not self.plugin_records and any_connected:
+            running, waiting = self._fleet_queues()
+            computed = sums["computed_prompt_tokens"] if self._has_by_source() else \
+                max(sums["prompt_tokens"] - sums["prefix_hits"], 0.0)
+            self._new_records.append(StepRecord(
+                step=-1, t_start_ns=t_ns, t_end_ns=t_ns, schedule_ns=0, prepare_ns=0, forward_ns=0, sample_ns=0,
+                update_ns=0, num_prefill_seqs=0, num_prefill_tokens=count(computed), num_decode_seqs=0,
+                num_decode_tokens=count(sums["generation_tokens"]), num_running=running, num_waiting=waiting,
+                num_preempted=count(sums["preemptions"]), num_finished=count(sums["finished"]),
+                num_output_tokens=count(sums["generation_tokens"]), scheduled=[], kv=kv))
+        records = sorted(self._new_records, key=lambda r: r.t_end_ns)
+        events = sorted(self._new_events, key=lambda e: e.t_ns)
+        self._new_records, self._new_events = [], []
+        for record in records:
+            record.step, self.step = self.step, self.step + 1
+        last_step = max(self.step - 1, 0)
+        for event in events:
+            event.step = last_step
+        self.refresh(layout=layout)
+        return records, events
+
+    def _pending_value(self, eng: EngineState, name: str) -> float:
+        return self._pending.get(eng.key, {}).get(_COUNTER_OF[name], 0.0)
+
+    def _has_by_source(self) -> bool:
+        return any(_COUNTER_OF["computed_prompt_tokens"] in (e.last.counters if e.last else {})
+                   for e in self.engines.values())
+
+    def _lane_row(self, eng: EngineState) -> dict[str, Any]:
+        row: dict[str, Any] = dict.fromkeys(LANE_COLUMNS)
+        row["connected"] = eng.connected
+        if eng.connected and eng.last is not None:
+            g = eng.last.gauges
+            row["running"] = g.get("vllm:num_requests_running")
+            row["waiting"] = g.get("vllm:num_requests_waiting")
+            row["kv_usage"] = g.get("vllm:kv_cache_usage_perc")
+            for name in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "preemptions",
+                         "finished"):
+                row[name] = count(self._pending_value(eng, name))
+        if eng.has_events:
+            counts = eng.residency.take_interval()
+            row["blocks_stored"] = counts.stored
+            row["blocks_evicted"] = counts.removed + counts.cleared
+            row["blocks_resident"] = eng.residency.num_resident
+        return row
+
+    def refresh(self, *, layout: bool = False) -> None:
+        """Replace the derived parts of ``watch`` (engines, totals, histograms, residency, faults)."""
+        w = self.watch
+        engines, totals, hists, residency = {}, {}, {}, {}
+        for key, eng in self.engines.items():
+            last = eng.last
+            engines[key] = {
+                "url": self.urls[eng.server], "server": self.names[eng.server], "engine": eng.label,
+                "state": self.server_state[eng.server] if last is not None or eng.plugin else WAITING,
+                "error": self.server_error[eng.server], "model": last.model_name if last else None,
+                "block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks, "events": eng.has_events,
+                "plugin": bool(eng.plugin_totals),
+            }
+            t = {name: count(eng.totals.get(counter)) for name, counter in _COUNTER_OF.items()}
+            if _COUNTER_OF["computed_prompt_tokens"] not in eng.totals:  # an older vLLM: prompt less cache hits
+                t["computed_prompt_tokens"] = max(t["prompt_tokens"] - t["prefix_hits"], 0)
+            t["finished_by_reason"] = {
+                k.split("=", 1)[1].rstrip("}"): count(v) for k, v in eng.totals.items()
+                if k.startswith("vllm:request_success_total{")}
+            if eng.plugin_totals:
+                t["plugin"] = {k: count(v) for k, v in eng.plugin_totals.items()}
+            totals[key] = t
+            hists[key] = {short: _hist_json(h) for short, name in HIST_NAMES.items()
+                          if (h := eng.histograms().get(name)) is not None}
+            if eng.has_events:
+                res = eng.residency
+                entry: dict[str, Any] = {**res.summary(), "hot": [list(h) for h in res.hot(5)]}
+                if layout:
+                    entry["layout"] = res.layout(self.layout_rows)
+                residency[key] = entry
+        w["engines"], w["totals"], w["histograms"], w["residency"] = engines, totals, hists, residency
+        with_events = [e for e in self.engines.values() if e.has_events]
+        w["kv_blocks_stored"] = (len(set().union(*(e.residency.depths for e in with_events))) if len(with_events) > 1
+                                 else sum(e.residency.num_distinct for e in with_events)) if with_events else None
+        w["faults"] = dict(self.faults)
+        w["lost"] = [list(span) for span in self.lost]
+        w["servers"] = {name: {"url": url, "state": state, "error": error} for name, url, state, error
+                        in zip(self.names, self.urls, self.server_state, self.server_error)}
