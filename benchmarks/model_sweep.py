@@ -6,11 +6,14 @@ windows and attention chunks of 16 tokens, seeded init), in this process. transf
 each prompt alone, with the model's own attention implementation and a plain greedy config; the engine
 runs all prompts together: batched, chunked prefill (24-token budget), 4-token pages with a shared
 24-token prefix served from the prefix cache, and a pool of 40 pages, small enough that requests are
-preempted and recomputed. Prompts reach past the windows, so sliding layers really slide.
+preempted and recomputed; max_model_len 512 (the model's positions if fewer). Prompts reach past the
+windows, so sliding layers really slide.
 
     python benchmarks/model_sweep.py                         # all types, one line each, then the counts
     python benchmarks/model_sweep.py --markdown docs/models.md
-    python benchmarks/model_sweep.py --types gemma2,gpt_oss  # or --subset ci (the CI set: CI_TYPES)
+    python benchmarks/model_sweep.py --types gemma2,gpt_oss  # or --subset quick (QUICK_TYPES, ~10 s)
+
+CI runs all of it (tests/benchmarks/test_model_sweep.py): about 1.5 minutes on two cores.
 
 Exit status 1 if any type differs from transformers (MISMATCH) or fails with anything but a clear
 refusal at ``Engine()`` (FAILED), else 0.
@@ -35,15 +38,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from kvscope import Engine, SamplingParams
 from kvscope.attention import UnsupportedModelError
+from kvscope.config import max_positions
 from kvscope.zoo import VOCAB, BuildError, causal_lm_types, tiny_model
 
 MAX_TOKENS = 10
+MAX_MODEL_LEN = 512
 ENGINE = dict(block_size=4, num_blocks=40, max_num_batched_tokens=24, max_num_seqs=16, telemetry=False)
-# One of each thing the engine must get right, chosen from the full sweep (docs/models.md): full GQA and
+# A quick look (not what CI runs: CI runs every type): one of each thing the engine must get right, full GQA and
 # MHA, learned positions, sliding windows (all layers, and hybrids with full layers), softcapping, sinks,
 # chunked attention, MLA (value heads of another size), MQA, two attention calls per layer, a decoder of
 # the BERT family; and refusals: attention outside the interface, recurrent layers, bidirectional masks.
-CI_TYPES = (
+QUICK_TYPES = (
     "llama", "gpt2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt_oss", "cohere2", "ministral", "olmo3",
     "llama4_text", "deepseek_v3", "gpt_bigcode", "diffllama", "bert", "bloom", "falcon_mamba", "jamba",
     "qwen3_next", "modernbert-decoder",
@@ -120,8 +125,9 @@ def _run_type(model_type: str) -> Outcome:
         refs = [reference(model, p) for p in batch]
     except Exception as exc:
         return Outcome(model_type, "not buildable", f"transformers' generate fails: {_short(exc)}")
-    try:
-        engine = Engine(model, **ENGINE)
+    text = model.config.get_text_config()
+    try:  # the prompts need 50 positions; a shorter max_model_len than the model's is what users pass too
+        engine = Engine(model, max_model_len=min(MAX_MODEL_LEN, max_positions(text)), **ENGINE)
     except UnsupportedModelError as exc:
         return Outcome(model_type, "refused", exc.reason)
     except Exception as exc:
@@ -154,7 +160,8 @@ def markdown(outcomes: list[Outcome], command: str) -> str:
         "model type with a causal-LM class, built as a tiny random float32 model (`kvscope.zoo`), run by "
         "`Engine(model)` against transformers' own greedy `generate` (each prompt alone). The engine runs ten "
         "prompts batched, with chunked prefill, a shared prefix from the prefix cache and a pool small enough "
-        "to preempt; prompts are longer than the models' sliding windows and attention chunks (16 tokens).",
+        "to preempt (`max_model_len` 512); prompts are longer than the models' sliding windows and attention "
+        "chunks (16 tokens).",
         "",
         "- **identical**: every output token equals transformers'; the details say what the probe measured "
         "(KV layers, windows, chunks, sinks, softcaps, head shapes) and what the run exercised.",
@@ -189,13 +196,13 @@ def _refusal_kinds(outcomes: list[Outcome]) -> Counter:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", help="comma-separated model types (default: all registered ones)")
-    parser.add_argument("--subset", choices=["ci"], help="the fixed CI set (CI_TYPES)")
+    parser.add_argument("--subset", choices=["quick"], help="one type per attention feature (QUICK_TYPES)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     registered = causal_lm_types()
     types = registered if not (args.types or args.subset) else (
-        list(CI_TYPES) if args.subset else [t.strip() for t in args.types.split(",") if t.strip()])  # fmt: skip
+        list(QUICK_TYPES) if args.subset else [t.strip() for t in args.types.split(",") if t.strip()])  # fmt: skip
     unknown = sorted(set(types) - set(registered))
     if unknown:
         parser.error(f"not causal-LM types of this transformers: {', '.join(unknown)}")

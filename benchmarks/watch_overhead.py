@@ -1,6 +1,6 @@
 """What watching costs a vLLM server: its throughput with and without kvscope watching, same workload.
 
-    python benchmarks/watch_overhead.py                 # 4 interleaved rounds, 48 requests each
+    python benchmarks/watch_overhead.py                 # 10 interleaved rounds, 32 requests each
     python benchmarks/watch_overhead.py --tiny --eager  # the tests' tiny Llama (the worst case: tiny steps)
     python benchmarks/watch_overhead.py --json out.json
 
@@ -14,13 +14,20 @@ with the same flags (block size 32, prefix caching, KV events published over ZMQ
 
 Only one server works at a time. Rounds are interleaved (off, on, on, off, ...) so that drift of a shared
 machine hits both alike; round ``r`` sends the same seeded requests to both (new prompts each round, so no
-round finds the previous one's prefix cache). Throughput is generated tokens per wall-clock second, from
-the first request sent to the last response. The figure is the median over rounds of on / off.
+round finds the previous one's prefix cache). Two figures, each the median over rounds of on / off:
+
+- throughput: generated tokens per wall-clock second, from the first request sent to the last response;
+- CPU: generated tokens per CPU second of the server's processes (API server, engine core, worker), which is
+  where the plugin and the ``/metrics`` requests cost anything; it swings much less than wall-clock time
+  when other work shares the machine.
 
 The watcher runs in the client's process (its thread shares the GIL with the client's threads), on the same
 machine: a conservative setting, since a watcher elsewhere costs the server only the ``/metrics`` requests
-and the plugin. The plugin's own cost per step is also timed directly (``StepLines.record`` on stats shaped
-like vLLM 0.32's), free of run-to-run noise.
+and the plugin. On a small machine shared with other work, round-to-round swings can exceed the effect, so
+the costs are also measured directly, free of that noise: the server's CPU time per ``/metrics`` request
+(many requests to the idle server, less its idle CPU over as long), and the plugin's time per engine step
+(``StepLines.record`` on stats shaped like vLLM 0.32's). With the steps per second of the unwatched rounds
+they give the share of the server's CPU that watching adds.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace as NS
+
+import psutil
 
 import kvscope
 from kvscope.live_state import RunStatus
@@ -59,17 +68,32 @@ def workload(seed: int, n: int) -> list[tuple[list[int], int]]:
     return out
 
 
-def run_round(server: VllmServer, work: list[tuple[list[int], int]], concurrency: int) -> float:
-    """Generated tokens per second for ``work`` sent with ``concurrency`` requests in flight."""
-    t0 = time.perf_counter()
+def server_cpu_s(server: VllmServer) -> float:
+    """CPU seconds (user + system) used so far by the server's processes."""
+    root = psutil.Process(server.proc.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_round(server: VllmServer, work: list[tuple[list[int], int]], concurrency: int) -> tuple[float, float]:
+    """(generated tokens per wall-clock second, per server CPU second) for ``work`` sent with
+    ``concurrency`` requests in flight."""
+    cpu0, t0 = server_cpu_s(server), time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         usages = list(pool.map(lambda w: server.complete(w[0], max_tokens=w[1])["usage"], work))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, server_cpu_s(server) - cpu0
     assert [u["completion_tokens"] for u in usages] == [w[1] for w in work]
-    return sum(u["completion_tokens"] for u in usages) / elapsed
+    tokens = sum(u["completion_tokens"] for u in usages)
+    return tokens / elapsed, tokens / cpu
 
 
-def watched_round(server: VllmServer, work, concurrency: int) -> tuple[float, dict]:
+def watched_round(server: VllmServer, work, concurrency: int) -> tuple[tuple[float, float], dict]:
     watch = kvscope.watch(server.url, kv_events_bind=server.kv_events_bind, replay=server.replay, interval=0.5,
                           plugin_log=server.plugin_log)
     try:
@@ -78,13 +102,32 @@ def watched_round(server: VllmServer, work, concurrency: int) -> tuple[float, di
             time.sleep(0.05)
         if watch.status != RunStatus.RUNNING:
             raise RuntimeError(f"the watch did not start: {watch.status_text}")
-        rate = run_round(server, work, concurrency)
+        rates = run_round(server, work, concurrency)
         time.sleep(1.0)  # the last poll and events of the round
     finally:
         watch.stop()
         watch.wait(60)
     s = watch.summary()
-    return rate, {k: s[k] for k in ("generation_tokens", "kv_blocks_stored", "faults")}
+    faults = {k: v for k, v in s["faults"].items() if v and k not in ("event_batches", "plugin_lines", "events_replayed")}
+    return rates, {"watched_tokens": s["generation_tokens"], **faults}
+
+
+def count_steps(server: VllmServer) -> int:
+    """Engine steps the plugin has written so far."""
+    assert server.plugin_log is not None
+    return server.plugin_log.read_bytes().count(b'"type":"step"')
+
+
+def scrape_cost_ms(server: VllmServer, n: int = 200) -> float:
+    """Server CPU milliseconds per ``/metrics`` request, less what the idle server uses over as long."""
+    cpu0, t0 = server_cpu_s(server), time.perf_counter()
+    for _ in range(n):
+        server.metrics_text()
+    busy_cpu, wall = server_cpu_s(server) - cpu0, time.perf_counter() - t0
+    cpu0 = server_cpu_s(server)
+    time.sleep(wall)
+    idle_cpu = server_cpu_s(server) - cpu0
+    return max(busy_cpu - idle_cpu, 0.0) / n * 1e3
 
 
 def plugin_cost_us(n: int = 20_000) -> float:
@@ -107,8 +150,8 @@ def plugin_cost_us(n: int = 20_000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--requests", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--tiny", action="store_true", help="the tests' tiny Llama instead of the 26M one")
     p.add_argument("--eager", action="store_true", help="vLLM without model compilation (starts faster)")
@@ -127,30 +170,47 @@ def main(argv: list[str] | None = None) -> int:
             print(f"server {mode}: up in {time.perf_counter() - t0:.0f} s", flush=True)
         for mode in ("off", "on"):  # warm-up round, not counted
             run_round(servers[mode], workload(10_000, args.concurrency), args.concurrency)
-        rates: dict[str, list[float]] = {"off": [], "on": []}
+        rates: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+        on_steps, on_time = 0, 0.0  # engine steps and wall seconds of the watched rounds
         for r in range(args.rounds):
             work = workload(r, args.requests)
             for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
                 if mode == "on":
+                    steps0 = count_steps(servers[mode])
                     rate, seen = watched_round(servers[mode], work, args.concurrency)
+                    on_steps += count_steps(servers[mode]) - steps0  # the server idles (no steps) around the round
+                    on_time += sum(w[1] for w in work) / rate[0]
                 else:
                     rate, seen = run_round(servers[mode], work, args.concurrency), {}
                 rates[mode].append(rate)
-                print(f"round {r} {mode:>3}: {rate:8.1f} tokens/s {seen or ''}", flush=True)
+                print(f"round {r} {mode:>3}: {rate[0]:7.1f} tokens/s, {rate[1]:7.1f} tokens/CPU s {seen or ''}",
+                      flush=True)
+        scrape_ms = scrape_cost_ms(servers["on"])
+        off_cpu_per_s = statistics.median(tok_s / tok_cpu for tok_s, tok_cpu in rates["off"])  # server CPU s per s
     finally:
         for server in servers.values():
             server.stop()
-    ratios = [on / off for on, off in zip(rates["on"], rates["off"])]
-    ratio = statistics.median(ratios)
     cost = plugin_cost_us()
-    steps = sum(1 for line in (tmp / "on" / "vllm-steps.jsonl").read_text().splitlines() if '"step"' in line)
-    print(f"\nthroughput off {statistics.median(rates['off']):.1f} tokens/s, on {statistics.median(rates['on']):.1f}"
-          f" tokens/s (medians of {args.rounds} rounds)")
-    print(f"watched / unwatched = {ratio:.4f} (median of per-round ratios {', '.join(f'{x:.3f}' for x in ratios)})"
-          f": {100 * (1 - ratio):+.2f}% slower (target <= 1%)")
-    print(f"plugin: {cost:.1f} us per engine step ({steps} steps written)")
+    steps_per_s = on_steps / on_time
+    figures = {}
+    for i, (name, unit) in enumerate((("throughput", "tokens/s"), ("CPU", "tokens/CPU s"))):
+        ratios = [on[i] / off[i] for on, off in zip(rates["on"], rates["off"])]
+        ratio = statistics.median(ratios)
+        figures[name] = {"ratio": ratio, "ratios": ratios}
+        print(f"\n{name}: off {statistics.median(r[i] for r in rates['off']):.1f}, "
+              f"on {statistics.median(r[i] for r in rates['on']):.1f} {unit} (medians of {args.rounds} rounds)")
+        print(f"  watched / unwatched = {ratio:.4f}: {100 * (1 - ratio):+.2f}% slower (target <= 1%); "
+              f"per round {' '.join(f'{x:.3f}' for x in ratios)}")
+    added_ms = 2 * scrape_ms + steps_per_s * cost / 1e3  # server CPU ms per second: 2 Hz scrapes + the plugin
+    share = added_ms / (1e3 * off_cpu_per_s)
+    print(f"\ndirect costs: {scrape_ms:.2f} ms server CPU per /metrics request, {cost:.1f} us per engine step "
+          f"for the plugin ({on_steps} steps in the watched rounds, {steps_per_s:.0f} per second)")
+    print(f"  watching adds {added_ms:.1f} ms of server CPU per second of serving, {100 * share:.2f}% of the "
+          f"{off_cpu_per_s:.2f} CPU seconds per second the server uses (target <= 1%)")
+    figures["direct"] = {"scrape_ms": scrape_ms, "plugin_us_per_step": cost, "steps_per_s": steps_per_s,
+                         "added_ms_per_s": added_ms, "share": share}
     if args.json:
-        args.json.write_text(json.dumps({"rates": rates, "ratios": ratios, "ratio": ratio, "plugin_us_per_step": cost,
+        args.json.write_text(json.dumps({"rates": rates, "figures": figures, "plugin_us_per_step": cost,
                                          "rounds": args.rounds, "requests": args.requests, "tiny": args.tiny,
                                          "eager": args.eager}, indent=1))
     return 0

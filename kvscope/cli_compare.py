@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .cli_args import CLIError
-from .files import unwritable
+from .files import check_outputs, not_a_file, unwritable
 from .options import CLI, OptionError, positive_int
 from .sweep_options import add_sweep_options
 
@@ -61,6 +61,9 @@ def check_output(text: str, kind: str, flag: str, inputs: list[Path] = ()) -> Pa
     path = Path(text).expanduser()
     if path.is_dir():
         raise CLIError(f"the {kind} path {text!r} is a folder; give a file name for {flag}")
+    what = not_a_file(path)  # /dev/null, a FIFO: atomic_write would refuse it, but only after the work
+    if what is not None:
+        raise CLIError(f"the {kind} path {text!r} is {what}, not a regular file; choose another {flag} path")
     if not path.parent.is_dir():
         raise CLIError(f"the folder of {text!r} does not exist; create it or choose another {flag} path")
     for source in inputs:
@@ -170,6 +173,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     csv = check_output(args.csv or str(output.with_suffix(".csv")), "CSV", "--csv")
     if csv.resolve() == output.resolve():
         raise CLIError("-o and --csv name the same file; give them different paths")
+    try:  # the prompts files of the runs (by identity): written over only after every run
+        check_outputs([("--prompts", Path(p).expanduser()) for p in getattr(args, "prompts", None) or []],
+                      {"-o": output, "--csv": csv})
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     from .sweep import Sweep, plan_from_args  # here: they bring torch
 
     try:

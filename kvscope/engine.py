@@ -75,7 +75,7 @@ class Engine(GenerateMixin):
         self.tokenizer = tokenizer
         # a few one-token forwards: refuses (UnsupportedModelError, model left as it was) what kvscope
         # cannot run exactly, else measures each attention layer and switches the model to kvscope's
-        layers = probe_model(model, config.max_model_len)
+        layers = probe_model(model, config.max_model_len, config.max_num_batched_tokens)
         self.model = model.to(device=self.device, dtype=dtype).eval()
 
         self.spec = ModelSpec.from_layers(layers, model.config, dtype)
@@ -159,7 +159,7 @@ class Engine(GenerateMixin):
     ) -> str:
         """Queue a request; returns its id. A bad one raises here (``make_request``) and changes nothing:
         the requests already queued go on. An id may be reused once its request has finished; the
-        records then keep the two apart (the later one is recorded as ``id#2``, docs/telemetry.md)."""
+        records then keep the two apart (the later one is recorded as ``id#2``; docs/reliability.md)."""
         if isinstance(prompt, Request):
             request = prompt
             self._check_id_free(request.request_id)

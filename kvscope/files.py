@@ -18,7 +18,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -138,18 +138,24 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
-def check_outputs(inputs: Mapping[str, str | os.PathLike], outputs: Mapping[str, str | os.PathLike]) -> None:
+Paths = Mapping[str, "str | os.PathLike | None"] | Iterable[tuple[str, "str | os.PathLike | None"]]
+
+
+def check_outputs(inputs: Paths, outputs: Paths) -> None:
     """Refuse, before any work, outputs that would destroy something: an output that is an input or another
     output (by identity, ``same_file``), or that exists and is no regular file (a folder, ``/dev/null``, a FIFO).
-    Keys are what the messages call each path (``"--html"``, ``"the prompts file"``); ``None`` paths are skipped.
-    Raises ``OutputPathError`` (a ``ValueError``) in one line naming both paths."""
-    given = [(label, path) for label, path in outputs.items() if path is not None]
+    Each path comes with what the messages call it (``"--html"``, ``"the trace"``), as a mapping or as
+    (label, path) pairs (labels may repeat: ``[("--prompts", a), ("--prompts", b)]``); ``None`` paths are
+    skipped. Raises ``OutputPathError`` (a ``ValueError``) in one line naming both paths."""
+    inputs = list(inputs.items() if isinstance(inputs, Mapping) else inputs)
+    outputs = outputs.items() if isinstance(outputs, Mapping) else outputs
+    given = [(label, path) for label, path in outputs if path is not None]
     for i, (label, path) in enumerate(given):
         what = not_a_file(path)
         if what is not None:
             raise OutputPathError(f"{label} {str(path)!r} is {what}, not a regular file; give a file name "
                                   "(kvscope writes only regular files)")
-        for in_label, source in inputs.items():
+        for in_label, source in inputs:
             if source is not None and same_file(path, source):
                 raise OutputPathError(f"{label} {str(path)!r} is the same file as {in_label} {str(source)!r}; "
                                       "writing it would destroy that input: choose another path")

@@ -86,6 +86,12 @@ def check_model(name: str) -> str:
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise OptionError(f"model folder {name!r} has no config.json; give a Hugging Face model folder")
+        from .model_folder import check_model_folder  # reads config.json as plain JSON, before any load
+
+        try:
+            check_model_folder(name)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
         return name
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise OptionError(f"model folder {name!r} does not exist; give a folder with config.json and weights")

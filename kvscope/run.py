@@ -78,6 +78,13 @@ class Run:
     def load(cls, path: str | os.PathLike) -> Run:
         """A run from a trace JSON or metrics JSONL written by kvscope (``ValueError`` otherwise)."""
         records, events, meta, profiler = read_run_file(path)
+        if "watch" in meta:  # a watched vLLM run: its description must have the shape its readers expect
+            from .watch.summary import check_watch
+
+            try:
+                check_watch(meta["watch"])
+            except ValueError as exc:
+                raise ValueError(f"{path}: a damaged kvscope watch file ({exc})") from None
         run = cls(records, events, meta, profiler)
         run.meta.setdefault("source", str(path))
         return run

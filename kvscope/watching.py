@@ -22,28 +22,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from ._version import __version__
 from .live_state import Outputs, RunStatus, status_text
 from .run import Run, RunBuffer
-from .watch.events import EventBatch, EventSubscriber, SeqTracker
 from .watch.metrics import ScrapeError, metrics_url, scrape
 from .watch.plugin_log import PluginLog
 from .watch.source import LOST, WatchSource
+from .watch.streams import EventStreams, check_endpoints
 
 
 class WatchError(RuntimeError):
     """The watch could not start (a server that does not answer, an address that cannot be bound)."""
-
-
-class _Stream:
-    """One KV event publisher: its socket, the server it belongs to, its sequence numbers."""
-
-    def __init__(self, sub: EventSubscriber, server: int, rank: int) -> None:
-        self.sub, self.server, self.rank = sub, server, rank
-        self.seq = SeqTracker()
-        self.replayed_to = -1  # live batches up to this seq were already applied from a replay
 
 
 def _listed(value: str | os.PathLike | Sequence[str] | None) -> list[str]:
@@ -83,18 +72,8 @@ class WatchRun:
             raise ValueError("give at least one server URL, like http://127.0.0.1:8000")
         if not interval > 0 or (duration is not None and not duration > 0):
             raise ValueError(f"interval ({interval}) and duration ({duration}) must be positive seconds")
-        self.connect, self.bind = _listed(kv_events), _listed(kv_events_bind)
-        endpoints = self.connect + self.bind
-        for e in endpoints:
-            if not e.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"{e!r} is not a ZMQ endpoint like tcp://127.0.0.1:5557")
-        if len(self.urls) > 1 and endpoints and len(endpoints) != len(self.urls):
-            raise ValueError(f"{len(endpoints)} KV event endpoints for {len(self.urls)} URLs: give one per URL "
-                             "(in the same order), or several for one URL's data-parallel ranks")
-        self.replay = _listed(replay)
-        if self.replay and len(self.replay) != len(endpoints):
-            raise ValueError(f"{len(self.replay)} replay endpoints for {len(endpoints)} KV event endpoints: "
-                             "give one per event endpoint")
+        self.connect, self.bind, self.replay = _listed(kv_events), _listed(kv_events_bind), _listed(replay)
+        check_endpoints(self.connect, self.bind, self.replay, len(self.urls))
         self.plugin_logs = [PluginLog(p) for p in _listed(plugin_log)]
         if len(self.plugin_logs) > len(self.urls):
             raise ValueError(f"{len(self.plugin_logs)} plugin logs for {len(self.urls)} URLs: one per URL at most")
@@ -113,10 +92,10 @@ class WatchRun:
             "block_size": 0, "num_blocks": 0, "kv_bytes_per_token": 0, "kv_bytes_per_block": 0, "max_model_len": 0,
             "watch": self.source.watch,
         }
-        self._streams: list[_Stream] = []
         self._so_far = RunBuffer(self.meta)
         self._final: Run | None = None
         self._lock = threading.Lock()  # held by the watch thread while it changes the watch's state
+        self.streams = EventStreams(self.source, self._lock, self.timeout)
         self._stop = threading.Event()
         self._running = threading.Event()
         self._running.set()
@@ -207,8 +186,18 @@ class WatchRun:
             n = self._num_ticks
             if self._copy is None or self._copy[0] != n:
                 live = self._so_far.run()
-                self._copy = (n, Run(live.records, sorted(live.events, key=lambda e: e.t_ns), copy.deepcopy(self.meta)))
+                self._copy = (n, Run(live.records, sorted(live.events, key=lambda e: e.t_ns), self._meta_copy()))
             return self._copy[1]
+
+    def _meta_copy(self) -> dict[str, Any]:
+        """``meta`` as it is now (under the lock): the lanes' columns copied (they grow in place), the rest of
+        the watch description shared (the watch thread replaces those parts whole, never changes them)."""
+        watch = dict(self.meta["watch"])
+        for name in ("lanes", "fleet"):
+            lanes = watch[name] if name == "lanes" else {"": watch[name]}
+            copied = {key: {c: list(v) for c, v in lane.items()} for key, lane in lanes.items()}
+            watch[name] = copied if name == "lanes" else copied[""]
+        return {**self.meta, "watch": watch}
 
     def summary(self) -> dict[str, Any]:
         return self.run.summary()
@@ -238,9 +227,12 @@ class WatchRun:
     def _main(self) -> None:
         ticked = False
         try:
-            self._open_streams()
+            try:
+                self.streams.open(self.connect, self.bind, self.replay, self.topic)
+            except ValueError as exc:
+                raise WatchError(f"KV events: {exc}") from None
             self._first_scrape()
-            self._catch_up()
+            self.streams.catch_up()
             self.status = RunStatus.RUNNING
             ticked = True
             self._tick()
@@ -255,20 +247,8 @@ class WatchRun:
                 if self.error is None:
                     self.error, self.status = exc, RunStatus.FAILED
             finally:
-                for stream in self._streams:
-                    stream.sub.close()
+                self.streams.close()
                 self._done.set()
-
-    def _open_streams(self) -> None:
-        endpoints = [("connect", e) for e in self.connect] + [("bind", e) for e in self.bind]
-        for i, (mode, endpoint) in enumerate(endpoints):
-            replay = self.replay[i] if self.replay else None
-            try:
-                sub = EventSubscriber(**{mode: endpoint}, topic=self.topic, replay=replay)
-            except ValueError as exc:
-                raise WatchError(f"KV events: {exc}") from None
-            one_server = len(self.urls) == 1
-            self._streams.append(_Stream(sub, 0 if one_server else i, i if one_server else 0))
 
     def _first_scrape(self) -> None:
         """Every URL must answer once before the watch begins (one clear error otherwise)."""
@@ -283,71 +263,22 @@ class WatchRun:
             with self._lock:
                 self.source.on_scrape(i, result.samples, result.num_malformed)
 
-    def _catch_up(self) -> None:
-        """With a replay endpoint: what each publisher still buffers, before the live events."""
-        for stream in self._streams:
-            if stream.sub.replay_endpoint is None:
-                continue
-            batches = stream.sub.replay(0, self.timeout)
-            with self._lock:
-                for batch in batches:
-                    self._apply(stream, batch)
-                    stream.replayed_to = batch.seq
-                self.source.faults["events_replayed"] += len(batches)
-
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.interval
         end = None if self.duration is None else time.monotonic() + self.duration
-        poller = zmq.Poller()
-        for stream in self._streams:
-            poller.register(stream.sub.socket, zmq.POLLIN)
-        by_socket = {s.sub.socket: s for s in self._streams}
         while not self._stop.is_set():
             now = time.monotonic()
             if end is not None and now >= end:
                 return
             if now < next_tick:
                 wait = min(next_tick - now, 0.1, (end - now) if end is not None else 0.1)
-                if by_socket:
-                    for socket, _ in poller.poll(max(int(wait * 1000), 1)):
-                        self._receive(by_socket[socket])
-                else:
+                if not self.streams.wait(wait):
                     self._stop.wait(wait)
                 continue
             next_tick = max(next_tick + self.interval, now + self.interval / 2)
             if self._running.is_set():
                 self._scrape_all()
                 self._tick()
-
-    def _receive(self, stream: _Stream, limit: int = 1000) -> None:
-        """The batches waiting on ``stream``'s socket (at most ``limit``, so polls stay on time)."""
-        for _ in range(limit):
-            batch = stream.sub.recv(0)
-            if batch is None:
-                return
-            with self._lock:
-                self._on_batch(stream, batch)
-
-    def _on_batch(self, stream: _Stream, batch: EventBatch) -> None:
-        if batch.seq <= stream.replayed_to and stream.seq.expected is not None and batch.seq < stream.seq.expected:
-            return  # already applied from the replay
-        stream.replayed_to = -1
-        expected = stream.seq.expected
-        kind = stream.seq.observe(batch.seq)
-        if kind == "gap" and stream.sub.replay_endpoint is not None and expected is not None:
-            missed = [b for b in stream.sub.replay(expected, self.timeout) if expected <= b.seq < batch.seq]
-            for old in missed:
-                self.source.on_events(stream.server, old, time.perf_counter_ns(), stream.rank)
-            stream.seq.replayed(len(missed))
-            self.source.faults["events_replayed"] += len(missed)
-        elif kind == "restart":
-            label = batch.data_parallel_rank if batch.data_parallel_rank is not None else stream.rank
-            self.source.on_event_restart(stream.server, label)
-        self.source.on_events(stream.server, batch, time.perf_counter_ns(), stream.rank)
-
-    def _apply(self, stream: _Stream, batch: EventBatch) -> None:
-        stream.seq.observe(batch.seq)
-        self.source.on_events(stream.server, batch, time.perf_counter_ns(), stream.rank)
 
     def _scrape_all(self) -> None:
         for i, url in enumerate(self.urls):
@@ -373,14 +304,9 @@ class WatchRun:
         # servers lost since the last tick (the poll before this tick is what notices a loss)
         was_lost, self._num_lost = self._num_lost, sum(span[2] is None for span in self.source.lost)
         with self._lock:
-            faults = self.source.faults
-            faults["event_gaps"] = sum(s.seq.num_gaps for s in self._streams)
-            faults["events_missed"] = sum(s.seq.num_missed for s in self._streams)
-            faults["event_restarts"] = max(faults["event_restarts"], sum(s.seq.num_restarts for s in self._streams))
-            faults["events_malformed"] += sum(s.sub.num_malformed for s in self._streams)
-            for s in self._streams:
-                s.sub.num_malformed = 0
-            records, events = self.source.tick(time.perf_counter_ns(), layout=final or self.dashboard is not None)
+            self.streams.count_faults()
+            records, events = self.source.tick(time.perf_counter_ns(), layout=final or self.dashboard is not None,
+                                               force=final)
             self._update_meta()
             for item in (*events, *records):
                 self._so_far.add(item)
@@ -400,13 +326,12 @@ class WatchRun:
     def _finish(self, ticked: bool) -> None:
         if not ticked:  # nothing was watched: no files
             return
-        for stream in self._streams:  # what arrived since the last poll still counts
-            self._receive(stream)
+        self.streams.receive_all()  # what arrived since the last poll still counts
         self._read_plugins()
         self._tick(final=True)
         self._final = None
         with self._lock:
-            meta = copy.deepcopy(self.meta)
+            meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
             live = self._so_far.run()
             self._final = Run(live.records, sorted(live.events, key=lambda e: e.t_ns), meta)
         if self.files.wanted():

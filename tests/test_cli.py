@@ -336,3 +336,15 @@ def test_demo_as_the_readme_says(tmp_path, monkeypatch):
     assert "demo model: smollm2" in proc.stdout
     answers = " ".join(t["output"] or "" for t in run.meta["texts"].values()).lower()
     assert sum(w in answers.split() for w in ("the", "a", "is", "and", "of")) >= 4, answers[:300]
+
+
+def test_run_refuses_a_folder_without_a_causal_lm_before_any_work(tmp_path, capsys):
+    """The early model check reads config.json itself (kvscope.model_folder), so a folder that holds no
+    usable causal LM is one line and exit 2, before the model loads or any output is written."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    assert main(["run", "--model", str(folder), "--requests", "1", "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not give the model's size" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -67,3 +67,24 @@ def test_bad_lines_raise_usage_error(ip, line, why):
 def test_the_cell_magic_is_refused(ip):
     with pytest.raises(UsageError, match="takes no cell"):
         ip.run_cell_magic("kvscope", "watch http://x:1", "a prompt")
+
+
+def test_the_live_dashboard_fills_in(ip):
+    server = FakeServer(["0", "1"]).start()
+    try:
+        with capture_output():
+            run = ip.run_line_magic("kvscope", f"watch {server.url} --interval 0.05 -o")
+        deadline = time.monotonic() + 30
+        while run.dashboard.num_ticks < 3 and time.monotonic() < deadline:
+            server.engines["1"].generation_tokens += 5
+            time.sleep(0.1)
+        run.stop()
+        run.wait(30)
+    finally:
+        server.stop()
+    dash = run.dashboard
+    assert dash.finished and dash.error is None
+    assert list(dash.panel["fleet"].sources) == [f"127.0.0.1:{server.port}/0", f"127.0.0.1:{server.port}/1"]
+    assert dash.panel["watch_kpi"].values["running"] == 0
+    assert "stopped" in dash.view.status.value
+    assert [b.disabled for b in dash.view.buttons] == [True, True]

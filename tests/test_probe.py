@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import hf_greedy
 
-from kvscope import Engine, SamplingParams
+from kvscope import Engine, SamplingParams, probe_calls
 from kvscope import probe as probe_module
 from kvscope.attention import UnsupportedModelError
 from kvscope.config import LayerSpec, ModelSpec
@@ -40,7 +40,7 @@ def test_reads_windows_chunks_softcaps_and_sinks():
     gemma2 = probe_model(tiny_model("gemma2"))
     assert [(x.sliding_window, x.softcap) for x in gemma2] == [(16, 50.0), (None, 50.0)]
     assert [x.sinks for x in probe_model(tiny_model("gpt_oss"))] == [True, True]
-    assert [x.attention_chunk for x in probe_model(tiny_model("llama4_text"))] == [16, 16, 16, None]
+    assert [x.attention_chunk for x in probe_model(tiny_model("llama4_text"), 512)] == [16, 16, 16, None]
     assert len(probe_model(tiny_model("diffllama"))) == 4  # two attention calls per layer, two KV layers each
 
 
@@ -102,13 +102,13 @@ def test_a_cache_that_keeps_less_than_the_mask_reads_is_refused():
 def test_a_misread_layer_is_caught_by_the_dense_pass(monkeypatch):
     """Should the probe misread a layer (here: forced to miss Gemma 3's windows), the 64-token pass
     against the model's own attention refuses the model rather than run it wrong."""
-    real = probe_module._layer_spec
+    real = probe_calls._layer_spec
 
     def without_window(*args, **kwargs):
         spec = real(*args, **kwargs)
         return LayerSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.head_dim_v)
 
-    monkeypatch.setattr(probe_module, "_layer_spec", without_window)
+    monkeypatch.setattr(probe_calls, "_layer_spec", without_window)
     monkeypatch.setattr(probe_module, "_check_cache", lambda *args: None)  # which would notice first
     assert "differ from its own attention's" in str(refusal(tiny_model("gemma3_text")))
 
@@ -121,3 +121,14 @@ def test_accepted_model_runs_without_kwargs_reaching_its_layers():
     ref = hf_greedy(model, prompt, 6)
     engine = Engine(model, num_blocks=32, block_size=4)
     assert engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids == ref
+
+
+def test_positions_counted_outside_position_ids_limit_the_length():
+    """Llama 4's temperature tuning of its NoPE layers counts positions in the batch: exact below
+    floor_scale - 1 tokens only, so a longer max_model_len (or token budget) is refused, saying so."""
+    model = tiny_model("llama4_text")
+    error = refusal(model)  # max_model_len defaults to its 131072 positions
+    assert "temperature tuning" in str(error) and "max_model_len <= 8191" in str(error)
+    with pytest.raises(UnsupportedModelError, match="max_num_batched_tokens <= 8191"):
+        Engine(model, num_blocks=16, max_model_len=4096, max_num_batched_tokens=10_000)
+    assert Engine(model, num_blocks=16, max_model_len=8191).max_model_len == 8191

@@ -60,8 +60,10 @@ def check_compatible(draft: torch.nn.Module, draft_tokenizer, target_vocab: int,
 
 def early_exit_draft(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
     """The first ``num_layers`` decoder layers of ``model`` with its own final norm and LM head, sharing
-    its weights (self-speculation by early exit, the idea of LayerSkip): a draft with the target's
-    vocabulary that costs ``num_layers / total`` of a forward pass and no memory for weights."""
+    its weights and its config (self-speculation by early exit, the idea of LayerSkip): a draft with the
+    target's vocabulary that costs ``num_layers / total`` of a forward pass and no memory for weights.
+    The layers read their attention implementation from the shared config, so draft and target always
+    agree on it (the draft runs only its own, shorter layer list)."""
     for path in ("model", "transformer"):
         inner = getattr(model, path, None)
         stack_name = "layers" if hasattr(inner, "layers") else "h" if hasattr(inner, "h") else None
@@ -72,20 +74,12 @@ def early_exit_draft(model: torch.nn.Module, num_layers: int) -> torch.nn.Module
     stack = getattr(inner, stack_name)
     if not 1 <= num_layers <= len(stack):
         raise ValueError(f"num_layers={num_layers} must be between 1 and the model's {len(stack)} layers")
-    config = copy.deepcopy(model.config)
-    for name in ("num_hidden_layers", "n_layer"):
-        if hasattr(config, name):
-            setattr(config, name, num_layers)
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:num_layers]
     new_inner = copy.copy(inner)
     new_inner._modules = dict(inner._modules)
     setattr(new_inner, stack_name, torch.nn.ModuleList(list(stack)[:num_layers]))
-    new_inner.config = config
     draft = copy.copy(model)
     draft._modules = dict(model._modules)
     setattr(draft, path, new_inner)
-    draft.config = config
     return draft
 
 
@@ -204,7 +198,11 @@ class DraftModelProposer:
                 starts.append(shadow.num_computed_tokens)
         drafts: dict[str, list[int]] = {}
         if shadows:
-            self._run(shadows, limits, targets)
+            try:
+                self._run(shadows, limits, targets)
+            except BaseException:
+                self.kv.rollback_step()  # blocks offered to the draft's cache in this call hold no valid K/V
+                raise
             drafts = {s.request_id: s.all_token_ids[t.num_tokens:] for s, t in zip(shadows, targets)}
         if self.pages is not None:
             self._items = [ScheduledItem(s.request_id, "decode", s.num_computed_tokens - c, s.num_computed_tokens)

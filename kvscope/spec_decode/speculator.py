@@ -1,11 +1,12 @@
 """Speculative decoding as the engine sees it: drafts before a step, what became of them after it.
 
-``Speculator.propose`` runs at the end of every step (as in vLLM, where the proposer runs right after
-the target's sampling): each running request that is ready to decode gets ``request.spec_token_ids``,
-at most ``num_speculative_tokens`` and never more than its ``max_tokens`` or ``max_model_len`` leave
-room for. The scheduler then gives such a request ``1 + len(drafts)`` tokens of the next step (its
-last sampled token and the drafts, cut to the token budget), the runner verifies them in the same
-forward pass as everything else, and ``Scheduler.update_from_output`` keeps the accepted ones.
+``Speculator.propose`` runs at the start of every step, before scheduling (vLLM runs its proposer at
+the end of the previous step; the drafts are the same, and here the step that verifies them also
+accounts for their cost, in its schedule phase): each running request that is ready to decode gets
+``request.spec_token_ids``, at most ``num_speculative_tokens`` and never more than its ``max_tokens``
+or ``max_model_len`` leave room for. The scheduler then gives such a request ``1 + len(drafts)``
+tokens (its last sampled token and the drafts, cut to the token budget), the runner verifies them in
+the same forward pass as everything else, and ``Scheduler.update_from_output`` keeps the accepted ones.
 ``stats`` turns a step's drafts and acceptances into the ``SpecDecodeStats`` telemetry records.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -44,7 +45,9 @@ class Speculator:
         return getattr(self.proposer, "draft_probs", {})
 
     def propose(self, running: Sequence[Request]) -> None:
-        """Drafts for the next step of every running request that will decode in it."""
+        """Drafts for this step of every running request that will decode in it. If the proposer
+        fails (a draft model's forward pass), no request keeps drafts or draft KV, and the error
+        propagates before anything of the step happened."""
         t0 = time.perf_counter_ns()
         ready, caps = [], []
         limit = self.max_model_len - 1
@@ -53,12 +56,28 @@ class Speculator:
                 cap = min(self.k, r.sampling_params.max_tokens - r.num_output_tokens - 1, limit - r.num_tokens)
                 ready.append(r)
                 caps.append(cap)
-        for request, drafts in zip(ready, self.proposer.propose(ready, caps)):
-            request.spec_token_ids = drafts
+        try:
+            drafts = self.proposer.propose(ready, caps)
+        except BaseException:
+            for r in running:
+                r.spec_token_ids = []
+                self.proposer.free(r.request_id)
+            raise
+        for request, d in zip(ready, drafts):
+            request.spec_token_ids = d
         self.propose_ns = time.perf_counter_ns() - t0
 
     def free(self, request_id: str) -> None:
         self.proposer.free(request_id)
+
+    def describe(self) -> dict[str, Any]:
+        """The run metadata's ``speculative`` entry: the config, and the draft model's pool if any."""
+        out = self.config.describe()
+        pool = getattr(self.proposer, "pool", None)
+        if pool is not None:
+            out.update(draft_num_blocks=pool.num_blocks, draft_block_size=pool.block_size,
+                       draft_kv_bytes_per_block=self.proposer.runner.spec.kv_bytes_per_block(pool.block_size))
+        return out
 
     # ---- telemetry -------------------------------------------------------------------------------------
     def stats(
@@ -95,10 +114,11 @@ class Speculator:
                         cell[1] += p < first + j
         page_map, full = self.draft_page_map()
         pool = getattr(self.proposer, "pool", None)
+        propose_ns, self.propose_ns = self.propose_ns, 0  # counted once
         return SpecDecodeStats(
             num_spec_tokens=k, num_drafts=num_drafts, num_draft_tokens=num_draft_tokens,
             num_accepted_tokens=num_accepted, num_draft_tokens_per_pos=drafted_pos,
-            num_accepted_tokens_per_pos=accepted_pos, draft_slots=slots, propose_ns=self.propose_ns,
+            num_accepted_tokens_per_pos=accepted_pos, draft_slots=slots, propose_ns=propose_ns,
             draft_num_blocks=pool.num_blocks if pool is not None else 0,
             draft_blocks_used=pool.num_used_blocks if pool is not None else 0,
             draft_page_map=page_map, draft_page_map_full=full,

@@ -114,6 +114,10 @@ def start_line(vllm_config: Any, engine: int, pid: int) -> dict[str, Any]:
             "max_model_len": getattr(model, "max_model_len", None)}
 
 
+def _encode(line: dict[str, Any]) -> bytes:
+    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+
+
 class StepLines:
     """Appends one engine's lines to ``path``: one ``os.write`` per line on an ``O_APPEND`` descriptor, so
     the lines of several engines and processes sharing the file never interleave. It never raises into
@@ -128,21 +132,25 @@ class StepLines:
         except OSError as exc:
             _log.warning("kvscope stat logger: cannot open %s (%s); writing nothing", path, exc)
             return
-        self._write(start_line(vllm_config, engine, self.pid))
+        try:
+            data = _encode(start_line(vllm_config, engine, self.pid))
+        except Exception as exc:
+            self._fail(f"cannot read vLLM's config ({exc!r})")
+            return
+        self._write(data)
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if self.fd is None or (scheduler_stats is None and iteration_stats is None):
             return
         try:
-            line = step_line(scheduler_stats, iteration_stats, self.engine, self.pid, self.num_steps)
+            data = _encode(step_line(scheduler_stats, iteration_stats, self.engine, self.pid, self.num_steps))
         except Exception as exc:  # a vLLM whose stats changed shape: say so once, stop
             self._fail(f"cannot read vLLM's stats ({exc!r}); is this vLLM 0.32?")
             return
         self.num_steps += 1
-        self._write(line)
+        self._write(data)
 
-    def _write(self, line: dict[str, Any]) -> None:
-        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    def _write(self, data: bytes) -> None:
         try:
             while data and self.fd is not None:
                 data = data[os.write(self.fd, data):]
@@ -175,7 +183,7 @@ def _logger_class() -> type:
         def log_engine_initialized(self):
             pass
 
-    KvscopeStatLogger.__module__ = __name__
+    KvscopeStatLogger.__qualname__ = "KvscopeStatLogger"
     return KvscopeStatLogger
 
 

@@ -49,7 +49,9 @@ class Residency:
         self.num_removed_unseen = 0  # evictions of blocks stored before the watch began (or in a gap)
         self.num_restored = 0  # stores of a hash stored before (recomputed after an eviction)
         self.num_cleared = 0
+        self.version = 0  # changes with every change of what is cached (derived views are cached on it)
         self._interval = IntervalCounts()
+        self._chains_below: tuple[int, dict[str, int]] = (-1, {})
 
     @property
     def num_distinct(self) -> int:
@@ -60,6 +62,7 @@ class Residency:
         return len(self.blocks)
 
     def apply(self, event: KVEvent, t_ns: int) -> None:
+        self.version += 1
         if isinstance(event, BlockStored):
             self.block_size = event.block_size
             parent = event.parent_block_hash
@@ -132,6 +135,7 @@ class Residency:
 
     def clear(self) -> None:
         """Forget what is cached (the server restarted: its cache is empty); what was ever stored stays."""
+        self.version += 1
         self.blocks.clear()
         self.children.clear()
 
@@ -148,7 +152,10 @@ class Residency:
         return [c for c in self.children.get(key, ()) if c in self.blocks]
 
     def leaves_below(self) -> dict[str, int]:
-        """block -> number of cached chains through it (1 for a block no other chain shares)."""
+        """block -> number of cached chains through it (1 for a block no other chain shares); computed once
+        per ``version`` (treat the result as read-only)."""
+        if self._chains_below[0] == self.version:
+            return self._chains_below[1]
         counts: dict[str, int] = {}
         for root in self.roots():
             order, stack = [], [root]
@@ -159,6 +166,7 @@ class Residency:
             for key in reversed(order):
                 kids = self._kids(key)
                 counts[key] = sum(counts[c] for c in kids) if kids else 1
+        self._chains_below = (self.version, counts)
         return counts
 
     def chains(self) -> list[list[str]]:
@@ -214,9 +222,8 @@ class Residency:
             row += below.get(root, 1)
         return cols
 
-    def summary(self) -> dict[str, int | None]:
-        """Counts for ``Run.summary`` and the files (JSON values)."""
-        below = self.leaves_below()
+    def counts(self) -> dict[str, int | None]:
+        """The counts (cheap: no walk of the tree)."""
         return {
             "kv_blocks_stored": self.num_distinct,
             "kv_blocks_resident": self.num_resident,
@@ -224,7 +231,19 @@ class Residency:
             "kv_blocks_evicted": self.num_removed + self.num_removed_unseen,
             "kv_blocks_restored": self.num_restored,
             "kv_blocks_cleared": self.num_cleared,
-            "kv_chains": sum(1 for c in self.blocks if not self._kids(c)),
-            "kv_shared_blocks": sum(1 for c in below.values() if c > 1),
             "kv_block_size": self.block_size,
         }
+
+    def tree(self, hot: int = 5, max_rows: int | None = None) -> dict:
+        """What the tree's shape says: cached chains, shared blocks, the ``hot`` most shared, and (with
+        ``max_rows``) the icicle ``layout``. Walks every cached block."""
+        below = self.leaves_below()
+        out = {"kv_chains": sum(1 for k in self.blocks if not self._kids(k)),
+               "kv_shared_blocks": sum(1 for c in below.values() if c > 1), "hot": [list(h) for h in self.hot(hot)]}
+        if max_rows is not None:
+            out["layout"] = self.layout(max_rows)
+        return out
+
+    def summary(self) -> dict:
+        """Counts and shape for ``Run.summary`` and the files (JSON values)."""
+        return {**self.counts(), **self.tree()}

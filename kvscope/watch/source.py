@@ -27,92 +27,30 @@ ignored and missing ones mean "not reported"; a line that is not JSON or not an 
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
 
-from .events import EventBatch
-from .metrics import Histogram, MetricsSample, interval, restarted
-from .residency import Residency
-
-WATCH_FORMAT_VERSION = 1
-# per-interval lane columns (meta["watch"]["lanes"][engine]); None where not known (not connected)
-LANE_COLUMNS = (
-    "connected", "running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "prefix_queries",
-    "prefix_hits", "preemptions", "finished", "blocks_stored", "blocks_evicted", "blocks_resident",
+from .engines import (
+    COUNTER_OF,
+    HIST_NAMES,
+    LANE_COLUMNS,
+    LOST,
+    OK,
+    WAITING,
+    WATCH_FORMAT_VERSION,
+    EngineState,
+    count,
+    finite,
+    hist_json,
+    server_name,
 )
-_COUNTER_OF = {  # lane / totals column -> vLLM counter
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
-    "prefix_queries": "vllm:prefix_cache_queries_total",
-    "prefix_hits": "vllm:prefix_cache_hits_total",
-    "preemptions": "vllm:num_preemptions_total",
-    "finished": "vllm:request_success_total",
-    "computed_prompt_tokens": "vllm:prompt_tokens_by_source_total{source=local_compute}",
-}
-HIST_NAMES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
-LOST, OK, WAITING = "connection lost", "ok", "waiting"
+from .events import EventBatch
+from .metrics import MetricsSample, interval, restarted
+from .plugin_steps import finished_of, note_step, request_events, step_record
 
-
-def finite(value: Any) -> float | None:
-    """``value`` as a finite float, else ``None`` (plugin lines and pages may hold anything)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def count(value: Any) -> int:
-    v = finite(value)
-    return max(round(v), 0) if v is not None else 0
-
-
-def server_name(url: str) -> str:
-    """``http://127.0.0.1:8000/metrics`` -> ``127.0.0.1:8000``."""
-    rest = url.split("://", 1)[-1]
-    return rest.split("/", 1)[0] or url
-
-
-def _hist_json(h: Histogram) -> dict[str, Any]:
-    return {"le": ["+Inf" if math.isinf(le) else le for le, _ in h.buckets], "counts": [c for _, c in h.buckets],
-            "sum": h.sum, "count": h.count}
-
-
-def _hist_add(a: Histogram | None, b: Histogram) -> Histogram:
-    if a is None or [le for le, _ in a.buckets] != [le for le, _ in b.buckets]:
-        return Histogram(list(b.buckets), b.sum, b.count)
-    return Histogram([(le, x + y) for (le, x), (_, y) in zip(a.buckets, b.buckets)], a.sum + b.sum, a.count + b.count)
-
-
-@dataclass(slots=True)
-class EngineState:
-    """One engine (a server's ``engine`` label, or a data-parallel rank) as the watch knows it."""
-
-    key: str  # "host:port/engine"
-    server: int  # index into the watched URLs
-    label: str
-    last: MetricsSample | None = None
-    totals: dict[str, float] = field(default_factory=dict)  # counters since the watch began
-    hist_base: dict[str, Histogram] = field(default_factory=dict)  # as at the first sample (or a restart)
-    hist_done: dict[str, Histogram] = field(default_factory=dict)  # observed before a restart
-    residency: Residency = field(default_factory=Residency)
-    has_events: bool = False
-    plugin: dict[str, Any] = field(default_factory=dict)  # the latest plugin step's state
-    plugin_totals: dict[str, float] = field(default_factory=dict)
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    connected: bool = False
-
-    def histograms(self) -> dict[str, Histogram]:
-        """Observations since the watch began (across restarts)."""
-        now = self.last.histograms if self.last is not None else {}
-        out = dict(self.hist_done)
-        for name, h in now.items():
-            out[name] = _hist_add(self.hist_done.get(name), h.minus(self.hist_base.get(name)))
-        return out
+__all__ = ["LANE_COLUMNS", "LOST", "OK", "WAITING", "WatchSource"]
 
 
 class WatchSource:
@@ -149,6 +87,7 @@ class WatchSource:
         self._new_events: list[RequestEvent] = []
         self._pending: dict[str, dict[str, float]] = {}  # engine -> counter deltas since the last tick
         self._plugin_pids: dict[str, Any] = {}
+        self._residency_cache: dict[str, tuple[int, bool, float, float, dict[str, Any]]] = {}
         self.watch: dict[str, Any] = {
             "version": WATCH_FORMAT_VERSION, "urls": self.urls, "interval_s": interval_s, "t0_ns": self.t0_ns,
             "plugin": plugin_records, "engines": {}, "lanes": {}, "fleet": {"t_ns": [], **{c: [] for c in LANE_COLUMNS}},
@@ -246,68 +185,12 @@ class WatchSource:
             if t is None:
                 self.faults["plugin_malformed"] += 1
                 return
-            self._plugin_step(eng, obj, self.unix_to_ns(t))
-
-    def _plugin_step(self, eng: EngineState, obj: dict[str, Any], t_ns: int) -> None:
-        state, totals = eng.plugin, eng.plugin_totals
-        for name in ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage"):
-            value = finite(obj.get(name))
-            if value is not None:
-                state[name] = value
-        for name in ("num_prompt_tokens", "num_generation_tokens", "num_preempted_reqs", "prefix_cache_queries",
-                     "prefix_cache_hits"):
-            totals[name] = totals.get(name, 0) + count(obj.get(name))
-        raw = obj.get("finished")
-        finished = [f for f in raw if isinstance(f, dict)] if isinstance(raw, list) else []
-        totals["finished"] = totals.get("finished", 0) + len(finished)
-        totals["steps"] = totals.get("steps", 0) + 1
-        if not self.plugin_records:
-            return
-        it = obj.get("iteration") if isinstance(obj.get("iteration"), dict) else None
-        elapsed = finite(it.get("elapsed_ms")) if it else None
-        t_start = t_ns - int(elapsed * 1e6) if elapsed and elapsed > 0 else t_ns
-        ttft = obj.get("time_to_first_tokens_s") if isinstance(obj.get("time_to_first_tokens_s"), list) else []
-        itl = obj.get("inter_token_latencies_s") if isinstance(obj.get("inter_token_latencies_s"), list) else []
-        gen = count(obj.get("num_generation_tokens"))
-        if it:
-            batch = (count(it.get("num_ctx_requests")), count(it.get("num_ctx_tokens")),
-                     count(it.get("num_generation_requests")), count(it.get("num_generation_tokens")))
-        else:  # requests that got their first token finished a prefill (prompt tokens less the cached ones
-            # were computed); the others decoded one token each
-            computed = count(obj.get("num_prompt_tokens")) - count(obj.get("num_cached_prompt_tokens"))
-            batch = (len(ttft), max(computed, 0), len(itl), len(itl))
-        running, waiting = self._fleet_queues()
-        record = StepRecord(
-            step=-1, t_start_ns=t_start, t_end_ns=t_ns, schedule_ns=0, prepare_ns=0, forward_ns=t_ns - t_start,
-            sample_ns=0, update_ns=0, num_prefill_seqs=batch[0], num_prefill_tokens=batch[1],
-            num_decode_seqs=batch[2], num_decode_tokens=batch[3], num_running=running, num_waiting=waiting,
-            num_preempted=count(obj.get("num_preempted_reqs")), num_finished=len(finished), num_output_tokens=gen,
-            scheduled=[], kv=self._fleet_kv(),
-        )
-        self._new_records.append(record)
-        for f in finished:
-            self._new_events.extend(self._request_events(eng, f, t_ns))
-
-    def _request_events(self, eng: EngineState, f: dict[str, Any], t_end: int) -> list[RequestEvent]:
-        """A finished request's lane, its moments counted back from the end with vLLM's own intervals."""
-        rid = f.get("request_id")
-        rid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else f"{eng.key}#{self.step}"
-
-        def span(name: str) -> int:
-            value = finite(f.get(name))
-            return int(value * 1e9) if value is not None and value > 0 else 0
-
-        first = t_end - span("decode_time_s")
-        scheduled = first - span("prefill_time_s")
-        queued = min(scheduled - span("queued_time_s"), t_end - span("e2e_latency_s"))
-        prompt, out = count(f.get("num_prompt_tokens")), count(f.get("num_generation_tokens"))
-        reason = f.get("finish_reason") if isinstance(f.get("finish_reason"), str) else None
-        return [
-            RequestEvent(queued, -1, rid, "queued", prompt, 0),
-            RequestEvent(scheduled, -1, rid, "scheduled", prompt, 0, num_cached_tokens=count(f.get("num_cached_tokens"))),
-            RequestEvent(first, -1, rid, "first_token", prompt, min(out, 1)),
-            RequestEvent(t_end, -1, rid, "finished", prompt, out, reason=reason),
-        ]
+            note_step(eng, obj)
+            if self.plugin_records:
+                t_ns = self.unix_to_ns(t)
+                self._new_records.append(step_record(obj, t_ns, *self._fleet_queues(), self._fleet_kv()))
+                for f in finished_of(obj):
+                    self._new_events.extend(request_events(f, t_ns, f"{eng.key}#{len(self._new_events)}"))
 
     # ---- the fleet ---------------------------------------------------------------------------------------
     def _usage(self, eng: EngineState) -> float | None:
@@ -347,9 +230,9 @@ class WatchSource:
         block_usage = used / num_blocks if num_blocks else (sum(usages) / len(usages) if usages else 0.0)
         source = "plugin_totals" if self.plugin_records else "totals"
         queries = sum(count(getattr(e, source).get("prefix_cache_queries" if self.plugin_records
-                                                  else _COUNTER_OF["prefix_queries"])) for e in self.engines.values())
+                                                  else COUNTER_OF["prefix_queries"])) for e in self.engines.values())
         hits = sum(count(getattr(e, source).get("prefix_cache_hits" if self.plugin_records
-                                               else _COUNTER_OF["prefix_hits"])) for e in self.engines.values())
+                                               else COUNTER_OF["prefix_hits"])) for e in self.engines.values())
         evicted = sum(e.residency.num_removed + e.residency.num_removed_unseen for e in self.engines.values())
         return KVState(num_blocks=num_blocks, block_size=block_size, blocks_used=used, blocks_cached_free=0,
                        tokens_stored=used * block_size, block_usage=block_usage, token_usage=block_usage,
@@ -357,11 +240,12 @@ class WatchSource:
                        prefix_cache_hits=hits, num_evictions=evicted)
 
     # ---- ticks -------------------------------------------------------------------------------------------
-    def tick(self, t_ns: int, *, layout: bool = False) -> tuple[list[StepRecord], list[RequestEvent]]:
+    def tick(self, t_ns: int, *, layout: bool = False, force: bool = True) -> tuple[list[StepRecord], list[RequestEvent]]:
         """Close the interval ending at ``t_ns``: a lane row per engine (and the fleet), the records and
-        events it made, and a fresh ``watch`` description (``layout``: with the residency icicles)."""
+        events it made, and a fresh ``watch`` description (``layout``: with the residency icicles;
+        ``force=False``: a huge tree's shape may lag up to a second, see ``refresh``)."""
         fleet = {c: None for c in LANE_COLUMNS}
-        sums = dict.fromkeys(_COUNTER_OF, 0.0)
+        sums = dict.fromkeys(COUNTER_OF, 0.0)
         any_connected = False
         for eng in self.engines.values():
             row = self._lane_row(eng)
@@ -400,14 +284,14 @@ class WatchSource:
         last_step = max(self.step - 1, 0)
         for event in events:
             event.step = last_step
-        self.refresh(layout=layout)
+        self.refresh(layout=layout, force=force)
         return records, events
 
     def _pending_value(self, eng: EngineState, name: str) -> float:
-        return self._pending.get(eng.key, {}).get(_COUNTER_OF[name], 0.0)
+        return self._pending.get(eng.key, {}).get(COUNTER_OF[name], 0.0)
 
     def _has_by_source(self) -> bool:
-        return any(_COUNTER_OF["computed_prompt_tokens"] in (e.last.counters if e.last else {})
+        return any(COUNTER_OF["computed_prompt_tokens"] in (e.last.counters if e.last else {})
                    for e in self.engines.values())
 
     def _lane_row(self, eng: EngineState) -> dict[str, Any]:
@@ -428,8 +312,23 @@ class WatchSource:
             row["blocks_resident"] = eng.residency.num_resident
         return row
 
-    def refresh(self, *, layout: bool = False) -> None:
-        """Replace the derived parts of ``watch`` (engines, totals, histograms, residency, faults)."""
+    def _residency_entry(self, eng: EngineState, layout: bool, force: bool) -> dict[str, Any]:
+        """The engine's residency: counts always fresh; the tree's shape (which walks every cached block)
+        rebuilt when the cache changed, but for a tree so big that walking it costs more than 10 ms, at
+        most once a second unless ``force`` (so a huge cache does not slow the watch down)."""
+        res = eng.residency
+        cached = self._residency_cache.get(eng.key)  # (version, layout, when, cost, tree)
+        now = time.monotonic()
+        stale = cached is None or cached[0] != res.version or (layout and not cached[1])
+        if stale and (cached is None or force or cached[3] < 0.01 or now - cached[2] >= 1.0
+                      or (layout and not cached[1])):
+            tree = res.tree(5, self.layout_rows if layout else None)
+            cached = self._residency_cache[eng.key] = (res.version, layout, now, time.monotonic() - now, tree)
+        return {**res.counts(), **cached[4]}
+
+    def refresh(self, *, layout: bool = False, force: bool = True) -> None:
+        """Replace the derived parts of ``watch`` (engines, totals, histograms, residency, faults);
+        ``force=False`` lets a huge residency tree lag up to a second behind (see ``_residency_entry``)."""
         w = self.watch
         engines, totals, hists, residency = {}, {}, {}, {}
         for key, eng in self.engines.items():
@@ -441,8 +340,8 @@ class WatchSource:
                 "block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks, "events": eng.has_events,
                 "plugin": bool(eng.plugin_totals),
             }
-            t = {name: count(eng.totals.get(counter)) for name, counter in _COUNTER_OF.items()}
-            if _COUNTER_OF["computed_prompt_tokens"] not in eng.totals:  # an older vLLM: prompt less cache hits
+            t = {name: count(eng.totals.get(counter)) for name, counter in COUNTER_OF.items()}
+            if COUNTER_OF["computed_prompt_tokens"] not in eng.totals:  # an older vLLM: prompt less cache hits
                 t["computed_prompt_tokens"] = max(t["prompt_tokens"] - t["prefix_hits"], 0)
             t["finished_by_reason"] = {
                 k.split("=", 1)[1].rstrip("}"): count(v) for k, v in eng.totals.items()
@@ -450,14 +349,10 @@ class WatchSource:
             if eng.plugin_totals:
                 t["plugin"] = {k: count(v) for k, v in eng.plugin_totals.items()}
             totals[key] = t
-            hists[key] = {short: _hist_json(h) for short, name in HIST_NAMES.items()
+            hists[key] = {short: hist_json(h) for short, name in HIST_NAMES.items()
                           if (h := eng.histograms().get(name)) is not None}
             if eng.has_events:
-                res = eng.residency
-                entry: dict[str, Any] = {**res.summary(), "hot": [list(h) for h in res.hot(5)]}
-                if layout:
-                    entry["layout"] = res.layout(self.layout_rows)
-                residency[key] = entry
+                residency[key] = self._residency_entry(eng, layout, force)
         w["engines"], w["totals"], w["histograms"], w["residency"] = engines, totals, hists, residency
         with_events = [e for e in self.engines.values() if e.has_events]
         w["kv_blocks_stored"] = (len(set().union(*(e.residency.depths for e in with_events))) if len(with_events) > 1

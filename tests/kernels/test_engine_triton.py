@@ -63,7 +63,7 @@ def test_triton_runs_windows_sinks_softcaps_chunks_and_mla_like_transformers(mod
     with torch.inference_mode():
         expected = [reference(model, p, 4) for p in first + second]
     engine = Engine(model, attention_backend="triton", block_size=8, num_blocks=32, max_num_batched_tokens=BUDGET,
-                    dtype="float32")
+                    dtype="float32", max_model_len=512)
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     outs = engine.generate(first, params) + engine.generate(second, params)
     assert [o.token_ids for o in outs] == expected

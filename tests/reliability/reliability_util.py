@@ -85,8 +85,8 @@ def assert_trace_complete(path: Path) -> dict:
     events = doc["traceEvents"]
     assert isinstance(events, list) and events
     assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
-    opened = Counter((e["id"], e["name"]) for e in events if e.get("ph") == "b")
-    closed = Counter((e["id"], e["name"]) for e in events if e.get("ph") == "e")
+    opened = Counter((_lane(e), e["name"]) for e in events if e.get("ph") == "b")
+    closed = Counter((_lane(e), e["name"]) for e in events if e.get("ph") == "e")
     assert opened == closed, "async slices without an end"
     return doc
 
@@ -171,3 +171,8 @@ def failing_forward(engine: Engine, exc: BaseException, after_calls: int) -> Rem
 
 def params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+
+def _lane(event: dict) -> tuple:
+    """An async event's lane: its process and its id (a process-local ``id2``, or a global ``id``)."""
+    return event["pid"], json.dumps(event.get("id2", event.get("id")))

@@ -135,3 +135,23 @@ def test_view_refuses_an_output_that_is_its_trace_or_no_file(trace, folder, caps
     assert sorted(os.listdir(folder)) == ["hard.html", "link.html", "model", "p.txt", "pipe.json", "t.json",
                                           "trace-link.html"]  # no report, no temp file
     FIGURES["outputs refused before any work (kvscope view)"] += 1
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["compare", "t.json", "t.json", "-o", "/dev/null"], r"the comparison path '/dev/null' is a character device"),
+    (["compare", "t.json", "t.json", "-o", "c.html", "--csv", "pipe.json"], r"'pipe.json' is a named pipe"),
+    (["compare", "t.json", "t.json", "-o", "trace-link.html"], r"is the input '.*t.json'"),
+    (["sweep", "--block-size", "8,16", "--prompts", "p.txt", "-o", "p.txt"],
+     r"-o 'p.txt' is the same file as --prompts 'p.txt'"),
+    (["sweep", "--block-size", "8,16", "--prompts", "p.txt", "-o", "s.html", "--csv", "hard.html"],
+     r"--csv 'hard.html' is the same file as --prompts 'p.txt'"),
+])
+def test_compare_and_sweep_check_their_outputs_before_any_work(trace, folder, no_engine, capsys, argv, why):
+    os.symlink("t.json", folder / "trace-link.html")
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and re.search(why, err), err
+    assert (folder / "p.txt").read_text() == PROMPTS
+    assert sorted(os.listdir(folder)) == ["hard.html", "link.html", "model", "p.txt", "pipe.json", "t.json",
+                                          "trace-link.html"]
+    FIGURES["outputs refused before any work (compare, sweep)"] += 1

@@ -28,6 +28,7 @@ ALLOWED = {
     ("kvscope/files.py", "_create_temp"): "atomic_write's temp file (and unwritable's probe, removed at once)",
     ("kvscope/telemetry/profiler.py", "_kineto_events"): "torch's own trace, to a private temp file, removed",
     ("kvscope/cli.py", "main"): "stdout onto /dev/null when a pipe reader left",
+    ("kvscope/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
 }
 PATH_WRITERS = {"write_text", "write_bytes", "mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile",
                 "export_chrome_trace", "copyfile", "copy2", "copytree", "move"}

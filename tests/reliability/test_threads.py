@@ -113,8 +113,9 @@ def test_a_second_run_on_a_busy_engine_is_refused(after_items, after_reference):
 def test_two_magic_runs_at_once_in_one_kernel(ip):
     before = set(threading.enumerate())
     with capture_output():  # both dashboards are displayed (and their threads run)
-        a = ip.run_line_magic("kvscope", f"{SMALL} -o")
-        b = ip.run_line_magic("kvscope", f"{SMALL} -o")
+        # long enough (60 steps, 50 ms apart) to outlast building a's dashboard before b starts
+        a = ip.run_line_magic("kvscope", f"{SMALL} --output-len 60 --step-delay 0.05 -o")
+        b = ip.run_line_magic("kvscope", f"{SMALL} --output-len 60 --step-delay 0.05 -o")
         assert a.dashboard is not None and b.dashboard is not None
         a.wait(timeout=60)
         b.wait(timeout=60)

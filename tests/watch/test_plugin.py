@@ -154,6 +154,16 @@ def test_stats_of_another_shape_turn_the_writer_off_never_raise(tmp_path, caplog
     assert "is this vLLM 0.32?" in caplog.text
 
 
+def test_a_value_json_cannot_write_turns_the_writer_off_never_raises(tmp_path, caplog):
+    path = tmp_path / "steps.jsonl"
+    writer = plugin.StepLines(str(path), CONFIG, 0)
+    odd = iteration_stats()
+    odd.finished_requests[0].request_id = object()
+    writer.record(scheduler_stats(), odd)
+    assert writer.fd is None and [x["type"] for x in lines(path)] == ["start"]
+    assert "cannot read vLLM's stats" in caplog.text
+
+
 def test_a_file_that_cannot_be_opened_leaves_the_server_alone(tmp_path, caplog):
     writer = plugin.StepLines(str(tmp_path / "missing" / "steps.jsonl"), CONFIG, 0)
     writer.record(scheduler_stats(), iteration_stats())

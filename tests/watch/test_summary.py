@@ -93,3 +93,40 @@ def test_fleet_kpis():
     assert v["prompt_tokens_per_s"] == pytest.approx(300.0) and v["generation_tokens_per_s"] == pytest.approx(30.0)
     assert 0.02 < v["ttft_p50"] <= 0.04
     assert fleet_kpis({})["running"] is None
+
+
+MUTATIONS = [
+    lambda w: w.update(lanes=[1]),
+    lambda w: w["lanes"]["a:1/0"].update(t_ns=["x"]),
+    lambda w: w["lanes"]["a:1/0"].update(running=[1]),  # shorter than t_ns
+    lambda w: w["lanes"]["a:1/0"].update(kv_usage=["0.5", 1]),
+    lambda w: w["fleet"].pop("t_ns"),
+    lambda w: w["totals"]["a:1/0"].update(prompt_tokens="many"),
+    lambda w: w["histograms"]["a:1/0"].update(ttft={"le": [1, 2], "counts": [1]}),
+    lambda w: w["residency"]["a:1/0"].update(layout={"x0": [1]}),
+    lambda w: w["residency"]["a:1/0"].update(hot=[["k", 2]]),
+    lambda w: w.update(lost=[[1, 2]]),
+    lambda w: w.update(interval_s=float("nan")),
+]
+
+
+@pytest.mark.parametrize("mutate", MUTATIONS)
+def test_a_damaged_description_in_a_file_is_refused_on_load(mutate, tmp_path):
+    import copy
+    import json
+
+    import kvscope
+    from kvscope.run import Run
+    from kvscope.watch.summary import check_watch
+
+    src = two_servers()
+    src.refresh(layout=True)
+    good = json.loads(json.dumps(src.watch))
+    check_watch(good)
+    bad = copy.deepcopy(good)
+    mutate(bad)
+    with pytest.raises(ValueError):
+        check_watch(bad)
+    path = Run([], [], {"model": "x", "watch": bad, "t0_ns": 0}).save_metrics(tmp_path / "bad.jsonl")
+    with pytest.raises(ValueError, match=r"bad\.jsonl: (a damaged kvscope watch file|the file holds NaN)"):
+        kvscope.load(path)
