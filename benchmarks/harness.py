@@ -193,11 +193,12 @@ class RunResult:
     name: str
     tokens: list[list[int]]  # output token ids per request, in workload order
     wall_s: float  # first request submitted -> last token returned
-    cpu_s: float  # CPU time of the whole process (all threads) over the same span
+    cpu_s: float  # CPU time of the whole process (all threads; vLLM: its process tree) over the same span
     ttft_s: list[float] = field(default_factory=list)  # per request, from submission of all requests
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 tokens
     itl_s: list[float] = field(default_factory=list)  # every gap between consecutive tokens, pooled
     peak_mem_bytes: int | None = None
+    resident_bytes: int | None = None  # resident size at the end of the run (the vLLM peer reports it)
     note: str = ""
 
     @property

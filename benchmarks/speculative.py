@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                                     acceptance_rate=acc, mean_acceptance_length=length, identical=same))
                 if s != "off":
                     ratios.append(f"RATIO {s}/off {name} batch={b} = {tok_s / base:.2f}x")
+                print(f"  {name} batch {b} {s}: {tok_s:.1f} tok/s", file=sys.stderr, flush=True)  # progress
     print(table(["workload", "batch", "system", "tok/s", "vs off", "acceptance", "mean acc. length",
                  "same tokens"], rows))
     if args.json:

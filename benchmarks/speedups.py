@@ -40,8 +40,12 @@ def _before_gather(cache, block_table, length):
 
 
 def before_paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *,
-                           num_decodes=None, query_lens=None, seq_lens_list=None, out=None):
-    """The torch path before the speed work, verbatim in substance (commit fbbbf9d)."""
+                           num_decodes=None, query_lens=None, seq_lens_list=None, out=None, **features):
+    """The torch path before the speed work, verbatim in substance (commit fbbbf9d): full causal attention
+    only (the benchmark's Llama), so a window, chunk, softcap or sinks is refused."""
+    used = {k: v for k, v in features.items() if v is not None}
+    if used:
+        raise ValueError(f"the 'before' attention implements full causal attention only, not {sorted(used)}")
     out = torch.empty_like(query) if out is None else out
     bs, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_heads, head_dim = query.shape[1], query.shape[2]

@@ -7,16 +7,26 @@
   tokens. Token times from a streamer (one ``put`` per decoding step).
 - ``hf_continuous``: transformers' continuous batching (``init_continuous_batching``) with a
   per-request ``max_new_tokens``; token times from its ``record_timestamps``.
+- ``VllmSystem``: a real vLLM in its own virtualenv, as a long-lived subprocess (``vllm_peer.py``)
+  driven over a pipe; token times from its step outputs.
 
 Every system sees all requests at ``t0`` (offline serving), so TTFT includes queueing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
+import os
+import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+import psutil
 import torch
 from harness import PeakMemory, RunResult, latencies_from_times
 from transformers import GenerationConfig
@@ -45,7 +55,7 @@ class KvscopeSystem:
     name = "kvscope"
 
     def __init__(self, model: torch.nn.Module, items: Sequence[WorkItem], block_size: int = 16,
-                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64) -> None:
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, **engine_kwargs) -> None:
         self.model = model
         self.kwargs = dict(
             block_size=block_size,
@@ -53,6 +63,7 @@ class KvscopeSystem:
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             max_model_len=max(len(i.prompt) + i.params.max_tokens for i in items) + 1,
+            **engine_kwargs,
         )
         self.engine: Engine | None = None  # the last run's, kept for inspection
 
@@ -170,3 +181,139 @@ def hf_continuous(model: torch.nn.Module, items: Sequence[WorkItem], max_batch_t
                        note=f"pages of {block_size}, {max_batch_tokens} tokens/step, sdpa")
     latencies_from_times(t0, [list(o.timestamps or []) for o in ordered], result)
     return result
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_SETUP = ".ci/vllm-env"
+
+
+def vllm_python() -> Path | None:
+    """The python of vLLM's virtualenv (``$KVSCOPE_VLLM_VENV`` or ``.venv-vllm``), if it is there."""
+    venv = Path(os.environ.get("KVSCOPE_VLLM_VENV") or ROOT / ".venv-vllm")
+    python = venv / "bin" / "python"
+    return python if python.exists() else None
+
+
+def save_model(model: torch.nn.Module, folder: Path) -> Path:
+    """The benchmark's weights as a model folder vLLM can load (config.json + safetensors, float32)."""
+    model.save_pretrained(folder)
+    return folder
+
+
+class VllmSystem:
+    """vLLM (``LLM`` in its own virtualenv, offline, token-id prompts, no tokenizer) as a subprocess.
+
+    Started once (its startup and a warm-up are not timed), then driven over a pipe: each ``run`` sends
+    the workload and reads back tokens, timings and memory (``vllm_peer.py``). Between its rounds the
+    process tree is stopped (SIGSTOP): vLLM's idle worker polls its queue (~15% of a core measured
+    here), which would take CPU from the systems timed meanwhile. Settings as kvscope's where vLLM has
+    them (token budget, sequences per step, greedy, EOS ignored), prefix caching off, float32, block
+    size ``block_size`` (its CPU attention needs a multiple of 32), a 1 GiB KV pool
+    (``VLLM_CPU_KVCACHE_SPACE=1``), OpenMP threads bound as ``bind`` says (vLLM's ``auto``: one core
+    for the model, one kept for its front-end process, on this 2-core machine).
+    """
+
+    def __init__(self, model_dir: Path, items: Sequence[WorkItem], block_size: int = 32,
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, bind: str = "auto",
+                 python: Path | None = None, llm_kwargs: dict | None = None, profile_dir: str = "") -> None:
+        self.python = python or vllm_python()
+        if self.python is None:
+            raise FileNotFoundError(f"no vLLM virtualenv: make one with `{VLLM_SETUP}`")
+        self.bind = bind
+        self.name = "vllm" if bind == "auto" else f"vllm[bind {bind}]"
+        self.args = ["--model", str(model_dir), "--block-size", str(block_size),
+                     "--max-model-len", str(max(len(i.prompt) + i.params.max_tokens for i in items) + 1),
+                     "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(max_num_batched_tokens),
+                     "--llm-kwargs", json.dumps(llm_kwargs or {})]
+        if profile_dir:
+            self.args += ["--profile-dir", profile_dir]
+        fd, self.log = tempfile.mkstemp(prefix="kvscope-vllm-", suffix=".log")  # vLLM's own output
+        os.close(fd)
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+        self.note = f"block {block_size}, {max_num_batched_tokens} tokens/step, OpenMP bind {bind}"
+
+    def start(self, timeout_s: float = 900) -> dict:
+        """Start vLLM and wait until it is ready; returns its hello (startup_s, version, pids, rss_bytes)."""
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=self.bind, HF_HUB_OFFLINE="1",
+                   VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+        env.pop("VIRTUAL_ENV", None)
+        log = os.open(self.log, os.O_WRONLY | os.O_APPEND)
+        try:
+            self.proc = subprocess.Popen([str(self.python), str(Path(__file__).with_name("vllm_peer.py")), *self.args],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         env=env, cwd=ROOT)
+        finally:
+            os.close(log)
+        self.info = self._read(timeout_s)
+        self.pause()
+        return self.info
+
+    def _read(self, timeout_s: float | None = None) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        import select
+
+        if timeout_s is not None and not select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            raise TimeoutError(f"vLLM did not answer within {timeout_s:.0f} s (log: {self.log})")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"vLLM exited (code {self.proc.poll()}); its log: {self.log}\n{self.log_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"vLLM failed: {answer['error']} (log: {self.log})")
+        return answer
+
+    def log_tail(self, lines: int = 15) -> str:
+        return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
+
+    def _signal(self, sig: int) -> None:
+        pids = self.info.get("pids") or ([self.proc.pid] if self.proc else [])
+        try:
+            tree = [psutil.Process(pids[0]), *psutil.Process(pids[0]).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for p in tree if sig == signal.SIGCONT else reversed(tree):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def command(self, **cmd) -> dict:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.resume()
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+            return self._read()
+        finally:
+            self.pause()
+
+    def run(self, items: Sequence[WorkItem]) -> RunResult:
+        for item in items:
+            if not (item.params.greedy and item.params.ignore_eos):
+                raise ValueError("the vLLM peer runs greedy requests with EOS ignored only")
+        answer = self.command(cmd="run", prompts=[list(i.prompt) for i in items],
+                              max_tokens=[i.params.max_tokens for i in items])
+        result = RunResult(self.name, answer["tokens"], answer["wall_s"], answer["cpu_s"],
+                           peak_mem_bytes=answer["peak_mem_bytes"], resident_bytes=answer["rss_bytes"],
+                           note=self.note)
+        latencies_from_times(0.0, answer["times"], result)
+        return result
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        self.resume()
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

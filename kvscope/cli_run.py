@@ -303,6 +303,9 @@ def print_summary(run, title: str) -> None:
         ("prefix cache hits", "–" if hit != hit else
          f"{hit:.0%} ({s['prefix_cache_hits']:,} of {s['prefix_cache_queries']:,} prompt tokens found cached)"),
     ]
+    if s.get("spec_num_drafts"):  # speculative decoding ran
+        rows.append(("speculation", f"{s['spec_acceptance_rate']:.0%} of {s['spec_num_draft_tokens']:,} draft tokens "
+                                    f"accepted, {s['spec_mean_acceptance_length']:.2f} tokens per verification"))
     print(title)
     for name, value in rows:
         print(f"  {name:<18} {value}")

@@ -53,6 +53,8 @@ METRICS = (
     Metric("preemptions", "preemptions", better="lower"),
     Metric("prefix_cache_hits", "prefix-cache hits (prompt tokens)", better="higher"),
     Metric("prefix_cache_hit_rate", "prefix-cache hit rate", "%", "higher"),
+    Metric("spec_acceptance_rate", "speculative decoding: drafts accepted", "%", "higher"),
+    Metric("spec_mean_acceptance_length", "speculative decoding: tokens per verification", better="higher"),
     Metric("requests", "requests"),
     Metric("output_tokens", "output tokens"),
     Metric("steps", "steps", better="lower"),

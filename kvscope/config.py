@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .fusion import LINEAR_BACKENDS
+from .spec_decode.config import SpeculativeConfig
 from .validation import UINT64_MAX, check_bool, check_int, check_real, parse_device
 
 GiB = 1 << 30
@@ -197,6 +199,12 @@ class EngineConfig:
     dtype: str | torch.dtype | None = None
     seed: int = 0
     telemetry: bool = True
+    # speculative decoding: None (off), a dict of SpeculativeConfig's fields (vLLM's names), or one
+    speculative_config: Any = None
+    # CPU GEMMs (kvscope/fusion.py): "auto" (oneDNN for float32 on the CPU, else the model's own),
+    # "onednn" or "torch"; merge_projections: one GEMM for q/k/v and one for gate/up
+    linear_backend: str = "auto"
+    merge_projections: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -224,18 +232,21 @@ class EngineConfig:
                                                 must=f"an integer >= 1 {below}")
         self.max_model_len = check_int("max_model_len", self.max_model_len, 2, INT64_MAX, optional=True,
                                        must=f"an integer >= 2 {below} (or None: the model's)")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "telemetry"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "telemetry", "merge_projections"):
             setattr(self, name, check_bool(name, getattr(self, name)))
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend={self.attention_backend!r} must be 'auto', 'torch' or 'triton'"
             )
+        if self.linear_backend not in LINEAR_BACKENDS:
+            raise ValueError(f"linear_backend={self.linear_backend!r} must be one of {LINEAR_BACKENDS}")
         self.device = parse_device(self.device)
         if self.dtype is not None and not isinstance(self.dtype, (str, torch.dtype)):
             raise TypeError(f"dtype={self.dtype!r} must be a name ('float32', 'bfloat16', 'auto') or a torch.dtype")
         self.seed = check_int("seed", self.seed, 0, UINT64_MAX, must="an unsigned 64-bit integer (0 to 2**64 - 1)")
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra={self.extra!r} must be a dict")
+        self.speculative_config = SpeculativeConfig.coerce(self.speculative_config)
 
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

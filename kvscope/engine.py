@@ -14,6 +14,7 @@ import torch
 from .block_pool import BlockPool
 from .config import EngineConfig, ModelSpec
 from .engine_telemetry import batch_summary, run_metadata, weights_bytes, wrap_backend
+from .fusion import accelerate
 from .generate import GenerateMixin, Prompt
 from .kernels import resolve_backend
 from .kv_cache_manager import KVCacheManager
@@ -21,8 +22,9 @@ from .models import load_model
 from .probe import probe_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
 from .runner import ModelRunner
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
 from .sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
+from .spec_decode import Speculator, build_speculator
 from .telemetry.probes import MemoryProbe
 from .telemetry.recorder import Recorder
 from .telemetry.records import NULL_MARKS, BatchSummary, PhaseMarks, StepRecord, StepTimings
@@ -84,12 +86,22 @@ class Engine(GenerateMixin):
         self.spec.max_model_len = self.max_model_len
 
         backend = resolve_backend(config.attention_backend, self.device)
-        self.runner = ModelRunner(self.model, self.spec, config.block_size, 1, backend, self.device)
+        # the runner calls the model through its fast GEMMs (fusion.py); the model object is unchanged
+        runner_model, self.fused_linears = accelerate(self.model, config.linear_backend, config.merge_projections,
+                                                      self.device, dtype)
+        self.runner = ModelRunner(runner_model, self.spec, config.block_size, 1, backend, self.device)
         num_blocks = resolve_num_blocks(config, self.spec, self.runner, self.max_model_len)
         self.runner.allocate_kv(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, _eos_ids(model, tokenizer))
+        self.speculator: Speculator | None = None  # speculative decoding (spec_decode/), when configured
+        if config.speculative_config is not None:
+            self.speculator = build_speculator(
+                config.speculative_config, target_vocab=self.spec.vocab_size, target_tokenizer=tokenizer,
+                block_size=config.block_size, num_blocks=num_blocks, enable_prefix_caching=config.enable_prefix_caching,
+                backend=backend, device=self.device, dtype=dtype, max_model_len=self.max_model_len,
+                telemetry=config.telemetry)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.step_index = 0  # the index of the next recorded step
         self.phase_marks: PhaseMarks = NULL_MARKS  # a Profiler window's, while one is open
@@ -112,7 +124,8 @@ class Engine(GenerateMixin):
     def run_metadata(self) -> dict:
         """What a saved run needs to be read without the engine (all JSON values; docs/telemetry.md)."""
         return run_metadata(self.model_name, self.config, self.spec, self.runner, self.device,
-                            weights_bytes(self.model))
+                            weights_bytes(self.model),
+                            self.speculator.describe() if self.speculator is not None else None)
 
     # ---- requests --------------------------------------------------------------------------------
     def make_request(
@@ -177,6 +190,8 @@ class Engine(GenerateMixin):
         if request is None:
             return False
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        if self.speculator is not None:
+            self.speculator.free(request_id)
         self._event("finished", request)
         return True
 
@@ -215,7 +230,8 @@ class Engine(GenerateMixin):
         if not self.recorder.state_changed(stats):
             return None
         timings = StepTimings.instant(time.perf_counter_ns())
-        record = self.recorder.record_step(BatchSummary(self.step_index), timings, stats)
+        spec = self.speculator.stats({}, [], {}, {}, self.config.block_size) if self.speculator is not None else None
+        record = self.recorder.record_step(BatchSummary(self.step_index, spec_decode=spec), timings, stats)
         self.step_index += 1  # a recorded step: keep step indices unique
         return record
 
@@ -235,6 +251,8 @@ class Engine(GenerateMixin):
         t0 = time.perf_counter_ns()
         marks = self.phase_marks
         marks.begin("schedule")
+        if self.speculator is not None:  # drafts for the requests that decode in this step
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         deltas = [self._finish(r, r.status) for r in sched.failed]
         t1 = time.perf_counter_ns()
@@ -251,38 +269,54 @@ class Engine(GenerateMixin):
             logits = self.runner.forward(inp)
             t3 = time.perf_counter_ns()
             marks.begin("sample")
-            sampled = self.runner.sample(logits, inp)
+            if inp.spec_drafts is None:
+                sampled, num_accepted = self.runner.sample(logits, inp), None
+            else:  # drafts in the step: verify them (rejection sampling)
+                draft_probs = self.speculator.draft_probs if self.speculator is not None else None
+                sampled, num_accepted = self.runner.verify(logits, inp, draft_probs)
         except BaseException as exc:
             marks.end(self.step_index)
             self._fail_batch(sched, exc)
             raise
         t4 = time.perf_counter_ns()
         marks.begin("update")
-        update = self.scheduler.update_from_output(sched, inp.sample_requests, sampled)
+        update = self.scheduler.update_from_output(sched, inp.sample_requests, sampled, num_accepted)
         running = RequestStatus.RUNNING  # what a sampled request is unless it just finished
+        accepted = update.spec_accepted
         for request, token in zip(update.requests, update.token_ids):
+            if accepted:  # accepted drafts come first, one delta each
+                for t in accepted.get(request.request_id, ()):
+                    deltas.append(StreamDelta(request.request_id, request.index, t, "", False))
             if request.status is running:
                 deltas.append(StreamDelta(request.request_id, request.index, token, "", False))
             else:
                 deltas.append(StreamDelta(request.request_id, request.index, token, "", True, request.status.value))
         for request in update.finished:
             self.requests.pop(request.request_id, None)
+        if self.speculator is not None:  # finished: its draft state (a draft model's blocks) goes too
+            for request in update.finished:
+                self.speculator.free(request.request_id)
         marks.end(self.step_index)
         if self.recorder is not None:
             for request in update.requests:  # events the step's tokens caused, in sampling order
-                if len(request.output_token_ids) == 1:
+                n = len(request.output_token_ids)  # all of them new: its first token (+ accepted drafts)
+                if n == 1 or (accepted and n == 1 + len(accepted.get(request.request_id, ()))):
                     self._event("first_token", request)
                 if request.status is not running:
                     self._event("finished", request)
             timings = StepTimings(t0, t1, t2, t3, t4, time.perf_counter_ns())
-            self._record(sched, update.requests, len(update.finished) + len(sched.failed), timings)
+            self._record(sched, update.requests, len(update.finished) + len(sched.failed), timings, update)
         self.step_index += 1
         return deltas
 
     # ---- telemetry ----------------------------------------------------------------------------------
     def _record(self, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
-                timings: StepTimings) -> StepRecord:
-        batch = batch_summary(self.step_index, sched, sampled, num_finished)
+                timings: StepTimings, update: SchedulerUpdate | None = None) -> StepRecord:
+        accepted, spec = update.spec_accepted if update is not None else {}, None
+        if self.speculator is not None:
+            spec = self.speculator.stats(sched.scheduled_spec_decode_tokens, sched.requests, accepted,
+                                         update.spec_freed if update is not None else {}, self.config.block_size)
+        batch = batch_summary(self.step_index, sched, sampled, num_finished, accepted, spec)
         return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
 
     def _event(self, kind: str, request: Request) -> None:
@@ -314,6 +348,8 @@ class Engine(GenerateMixin):
     # ---- finishing ----------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> StreamDelta:
         self.scheduler.finish(request, status, error)
+        if self.speculator is not None:
+            self.speculator.free(request.request_id)
         request.status = status  # failed requests were marked by the scheduler already
         self.requests.pop(request.request_id, None)
         self._event("finished", request)

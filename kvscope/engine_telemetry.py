@@ -20,23 +20,28 @@ from .config import EngineConfig, ModelSpec
 from .request import Request
 from .runner import ModelRunner
 from .scheduler import SchedulerOutput
-from .telemetry.records import BatchSummary, RequestProgress, ScheduledItem
+from .telemetry.records import BatchSummary, RequestProgress, ScheduledItem, SpecDecodeStats
 
 
-def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num_finished: int) -> BatchSummary:
-    """The step's batch as telemetry sees it, read after ``Scheduler.update_from_output``."""
+def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
+                  accepted: dict[str, list[int]] | None = None, spec: SpecDecodeStats | None = None) -> BatchSummary:
+    """The step's batch as telemetry sees it, read after ``Scheduler.update_from_output``
+    (``accepted``: ``SchedulerUpdate.spec_accepted``; ``spec``: the step's ``Speculator.stats``)."""
     sampled_ids = {id(r) for r in sampled}
     scheduled, tables = [], []
+    drafts = sched.scheduled_spec_decode_tokens
     for request, n, is_decode in zip(sched.requests, sched.num_tokens, sched.is_decode):
-        scheduled.append(
-            ScheduledItem(
-                request.request_id,
-                "decode" if is_decode else "prefill",
-                n,
-                request.num_computed_tokens,
-                id(request) in sampled_ids,
-            )
+        item = ScheduledItem(
+            request.request_id,
+            "decode" if is_decode else "prefill",
+            n,
+            request.num_computed_tokens,
+            id(request) in sampled_ids,
         )
+        if drafts and request.request_id in drafts:
+            item.num_draft_tokens = len(drafts[request.request_id])
+            item.num_accepted_tokens = len(accepted.get(request.request_id, ())) if accepted else 0
+        scheduled.append(item)
         tables.append(request.block_ids)
     admitted = []
     if sched.admitted:
@@ -51,7 +56,7 @@ def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num
             for r in sched.admitted
         ]
     preempted = [RequestProgress(r.request_id, r.num_prompt_tokens, r.num_output_tokens) for r in sched.preempted]
-    return BatchSummary(step, scheduled, tables, admitted, preempted, num_finished)
+    return BatchSummary(step, scheduled, tables, admitted, preempted, num_finished, spec)
 
 
 def wrap_backend(runner: ModelRunner, wrap: Callable[[str, Callable], Callable]) -> Callable[[], None]:
@@ -85,6 +90,7 @@ def run_metadata(
     runner: ModelRunner,
     device: torch.device,
     weights: int,
+    speculative: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a saved run needs to be read without the engine (all JSON values); the keys the
     recorder itself reads are ``block_size``, ``num_blocks``, ``kv_bytes_per_token``,
@@ -94,7 +100,9 @@ def run_metadata(
     return {
         "kvscope_version": __version__,
         "model": model_name,
-        "config": _jsonable(asdict(config)),
+        # a draft model given as a module is named, not copied (asdict would deep-copy it)
+        "config": _jsonable({**asdict(replace(config, speculative_config=None)),
+                             "speculative_config": speculative}),
         "spec": _jsonable(asdict(spec)),
         "kv_bytes_per_token": spec.kv_bytes_per_token,
         "kv_bytes_per_block": spec.kv_bytes_per_block(config.block_size),
@@ -108,6 +116,7 @@ def run_metadata(
         "created_unix_s": time.time(),
         "host": platform.node(),
         "python": platform.python_version(),
+        "speculative": speculative,
     }
 
 

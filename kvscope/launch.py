@@ -47,13 +47,16 @@ def prepare(args: argparse.Namespace, cell: str | None = None,
     ``%%kvscope`` cell's text, whose lines are the prompts; ``outputs``: what each output is called in
     messages -> its path, by default ``--trace``, ``--metrics`` and ``--html`` as given)."""
     check_combinations(args, cell=cell is not None)
+    if outputs is None:
+        outputs = {f"--{kind}": getattr(args, kind, None) for kind in ("trace", "metrics", "html")}
+    check_run_outputs(args, args.model.strip(), outputs)  # first: no output may be an input, whatever else fails
     model = check_model(args.model)
+    speculative = getattr(args, "speculative", None)
+    if speculative and speculative.get("model"):  # a draft model: refused like the model, before loading
+        speculative["model"] = check_model(speculative["model"])
     config = engine_config(args)
     params = sampling_params(args)
     items = workload(args, params, cell)
-    if outputs is None:
-        outputs = {f"--{kind}": getattr(args, kind, None) for kind in ("trace", "metrics", "html")}
-    check_run_outputs(args, model, outputs)
     return RunSetup(model, config, params, items)
 
 
@@ -105,7 +108,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's configuration from the options (the engine's defaults for those not given)."""
     given = {"block_size": args.block_size, "num_blocks": args.num_blocks, "kv_cache_memory": args.kv_memory,
              "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs,
-             "max_model_len": args.max_model_len, "enable_prefix_caching": args.prefix_caching == "on"}
+             "max_model_len": args.max_model_len, "enable_prefix_caching": args.prefix_caching == "on",
+             "speculative_config": getattr(args, "speculative", None)}
     try:
         return EngineConfig(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:

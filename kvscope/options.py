@@ -183,6 +183,38 @@ def refresh_rate(text: str) -> float:
     return value
 
 
+SPECULATIVE_FORMS = "off, ngram:K, ngram:K:MIN-MAX or draft:MODEL:K"
+
+
+def speculative(text: str) -> dict[str, Any] | None:
+    """Speculative decoding: ``off``; ``ngram:K`` (prompt lookup, K drafts per step) with ``:MIN-MAX`` or
+    ``:N`` the n-gram lengths matched (vLLM's prompt_lookup_min / max); ``draft:MODEL:K`` (a draft model
+    with the target's vocabulary) -> the engine's ``speculative_config`` dict (``None``: off)."""
+    value = text.strip()
+    if value.lower() in ("off", "none", ""):
+        return None
+    method, _, rest = value.partition(":")
+    parts = rest.split(":") if method == "ngram" else rest.rsplit(":", 1)
+    if method == "ngram" and 1 <= len(parts) <= 2:
+        config: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": _drafts(parts[0], text)}
+        if len(parts) == 2:
+            lo, _, hi = parts[1].partition("-")
+            config["prompt_lookup_min"] = _drafts(lo, text, "MIN")
+            config["prompt_lookup_max"] = _drafts(hi or lo, text, "MAX")
+        return config
+    if method in ("draft", "draft_model") and len(parts) == 2 and parts[0].strip():
+        return {"method": "draft_model", "model": parts[0].strip(), "num_speculative_tokens": _drafts(parts[1], text)}
+    raise OptionError(f"speculative decoding {_shown(text)}: write it as {SPECULATIVE_FORMS}, like ngram:4 or "
+                      "draft:tiny:3")
+
+
+def _drafts(part: str, text: str, what: str = "K") -> int:
+    if not part.strip().isdigit() or int(part) < 1 or len(part.strip()) > 4:
+        raise OptionError(f"speculative decoding {_shown(text)}: {what} must be a whole number from 1 "
+                          f"({SPECULATIVE_FORMS})")
+    return int(part)
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -272,6 +304,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                choices=("on", "off")),
     OptionSpec(("--no-prefix-caching",), ENGINE, "the same as --prefix-caching off", action="store_const",
                const="off", dest="prefix_caching"),
+    OptionSpec(("--speculative",), ENGINE, "speculative decoding: ngram:K (prompt lookup: K draft tokens per "
+               "step, from n-grams of 5 tokens; ngram:K:MIN-MAX for other lengths) or draft:MODEL:K (a draft "
+               "model with the target's vocabulary); default off", type=speculative, metavar="SPEC"),
     OptionSpec(("--profile",), ENGINE, "capture STEPS steps with torch.profiler, after one warm-up step (kernel "
                "time by category)", type=nonneg_int, default=0, metavar="STEPS"),
     OptionSpec(("--step-delay",), ENGINE, "sleep between steps, to watch a fast model (e.g. 0.02)", type=seconds,

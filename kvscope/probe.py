@@ -57,6 +57,11 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
             model_type, "its attention temperature tuning scales queries by a position it counts in the batch, "
             f"not by position_ids, which matches transformers only below {limit} tokens",
             f"pass max_model_len <= {limit} and max_num_batched_tokens <= {limit}")  # fmt: skip
+    shared = getattr(text, "num_kv_shared_layers", 0)
+    if isinstance(shared, int) and shared > 0:  # like the cache check below, invisible to a forward pass
+        raise UnsupportedModelError(
+            model_type, f"its last {shared} layers reuse earlier layers' keys and values through transformers' "
+            "cache (KV sharing), so its generate differs from its forward pass; kvscope does not share KV")  # fmt: skip
     max_len = min(max_len or max_positions(text), MAX_PATTERN_LEN)
     saved_impl, saved_training = getattr(config, "_attn_implementation", None), model.training
     register()

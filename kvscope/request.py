@@ -103,6 +103,7 @@ class Request:
     error: str | None = None
     generator: torch.Generator | None = None
     index: int = 0  # position in the caller's list (generate / stream)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts for its next step (speculative decoding)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

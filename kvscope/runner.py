@@ -13,6 +13,7 @@ from .kernels import KernelBackend
 from .request import Request
 from .sampler import sample
 from .scheduler import SchedulerOutput
+from .spec_decode.rejection import verify
 
 
 @dataclass(slots=True)
@@ -23,8 +24,11 @@ class ModelInput:
     positions: torch.Tensor  # [1, T]
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: packed positions whose logits produce a token
-    sample_requests: list[Request]  # request of each logits row
+    sample_requests: list[Request]  # request of each sampled token (its logits rows, in order)
     num_tokens: int
+    # speculative decoding: the drafts of each sample request ([] for none), whose 1 + k logits rows
+    # are consecutive; None when nothing in the step has drafts
+    spec_drafts: list[list[int]] | None = None
 
 
 class ModelRunner:
@@ -87,8 +91,11 @@ class ModelRunner:
         token_ids: list[int] = []
         max_blocks = max(len(r.block_ids) for r in requests)
         block_tables = np.zeros((len(requests), max_blocks), dtype=np.int64)  # [B, max_blocks]
+        spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
         for i, r in enumerate(requests):
             token_ids.extend(r.all_token_ids[starts[i] : starts[i] + query_lens[i]])
+            if spec:
+                token_ids.extend(spec.get(r.request_id, ()))
             block_tables[i, : len(r.block_ids)] = r.block_ids
 
         q_lens = np.asarray(query_lens, dtype=np.int64)  # [B]
@@ -102,8 +109,20 @@ class ModelRunner:
         slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs  # [T]
 
         # A request produces a token when this step reaches the end of everything it has.
-        samples = [i for i, r in enumerate(requests) if seq_lens[i] == r.num_tokens]
-        logits_indices = query_start_loc[1:][samples] - 1
+        spec_drafts = None
+        if spec:  # ... its drafts included; a verification keeps the logits of all 1 + k positions
+            spec_drafts = []
+            samples = []
+            for i, r in enumerate(requests):
+                drafts = spec.get(r.request_id, [])
+                if seq_lens[i] == r.num_tokens + len(drafts):
+                    samples.append(i)
+                    spec_drafts.append(drafts)
+            ends = query_start_loc[1:][samples]
+            logits_indices = np.concatenate([np.arange(e - 1 - len(d), e) for e, d in zip(ends, spec_drafts)])
+        else:
+            samples = [i for i, r in enumerate(requests) if seq_lens[i] == r.num_tokens]
+            logits_indices = query_start_loc[1:][samples] - 1
 
         dev = self.device
         seq_lens_list = seq_lens.tolist()
@@ -141,6 +160,7 @@ class ModelRunner:
             logits_indices=torch.from_numpy(logits_indices).to(dev),
             sample_requests=[requests[i] for i in samples],
             num_tokens=num_tokens,
+            spec_drafts=spec_drafts,
         )
 
     @torch.inference_mode()
@@ -160,6 +180,14 @@ class ModelRunner:
         if not inp.sample_requests:
             return []
         return sample(logits, inp.sample_requests)
+
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, inp: ModelInput,
+               draft_probs: dict[str, torch.Tensor] | None = None) -> tuple[list[int], dict[str, int]]:
+        """A step with drafts: per sample request the token after its accepted drafts, and per request
+        with drafts how many were accepted (``spec_decode.rejection.verify``)."""
+        tokens, accepted = verify(logits, inp.sample_requests, inp.spec_drafts, draft_probs)
+        return tokens, {r.request_id: a for r, a, d in zip(inp.sample_requests, accepted, inp.spec_drafts) if d}
 
 
 def call_model(

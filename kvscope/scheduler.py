@@ -15,6 +15,13 @@ There are no separate prefill and decode phases. Each step the scheduler hands o
 The result is a ``SchedulerOutput``; the engine runs it and hands the sampled tokens back to
 ``update_from_output`` (vLLM's name), which owns the step's second half: progress, new tokens, stop
 conditions, finishing. ``make_stats`` reads the counters telemetry records after each step.
+
+Speculative decoding: a decoding request with drafts (``request.spec_token_ids``, set by the engine's
+``Speculator`` before scheduling) is scheduled its last sampled token plus the drafts that fit in the
+budget; their KV slots are allocated like any token's (never offered to the prefix cache), and if the
+pool cannot hold them the drafts are dropped before anyone is preempted. ``update_from_output`` keeps
+the accepted drafts, moves ``num_computed_tokens`` back past the rejected ones and gives back the
+blocks that held only rejected drafts (``KVCacheManager.trim``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # could never fit; finished with an error
     total_num_tokens: int = 0
+    # request id -> the drafts verified this step, after its last sampled token (vLLM's name)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -53,6 +62,10 @@ class SchedulerUpdate:
     requests: list[Request] = field(default_factory=list)  # got a token this step, in sampling order
     token_ids: list[int] = field(default_factory=list)  # the token each got
     finished: list[Request] = field(default_factory=list)  # of those, finished by a stop condition
+    # speculative decoding, by request id: the accepted drafts it got before ``token_ids[i]``, and the
+    # blocks that held only rejected drafts and went back to the pool
+    spec_accepted: dict[str, list[int]] = field(default_factory=dict)
+    spec_freed: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -91,13 +104,24 @@ class Scheduler:
             request = self.running[i]
             budget = self.config.max_num_batched_tokens - out.total_num_tokens
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = request.spec_token_ids
+            if drafts:  # a decode with drafts: verify those that fit in the budget
+                request.spec_token_ids = []
+                drafts = drafts[: budget - 1] if request.num_computed_tokens == request.num_tokens - 1 else []
+                num_new += len(drafts)
             while not self.kv.allocate_slots(request, num_new):
+                if drafts:  # no room for the drafts: drop them rather than preempt anyone
+                    num_new -= len(drafts)
+                    drafts = []
+                    continue
                 victim = self.running.pop()  # the most recently admitted
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     return
-            self._add(out, request, num_new)
+            if drafts:
+                out.scheduled_spec_decode_tokens[request.request_id] = drafts
+            self._add(out, request, num_new, len(drafts))
             i += 1
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
@@ -159,14 +183,15 @@ class Scheduler:
         out.failed.append(request)
 
     @staticmethod
-    def _add(out: SchedulerOutput, request: Request, num_new: int) -> None:
+    def _add(out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
         out.requests.append(request)
         out.num_tokens.append(num_new)
-        out.is_decode.append(num_new == 1 and request.num_output_tokens > 0)
+        out.is_decode.append(num_new - num_drafts == 1 and request.num_output_tokens > 0)
         out.total_num_tokens += num_new
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -175,14 +200,19 @@ class Scheduler:
 
     # ---- after the step --------------------------------------------------------------------------
     def update_from_output(
-        self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int]
+        self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int],
+        num_accepted: dict[str, int] | None = None,
     ) -> SchedulerUpdate:
         """The step ran: ``sampled[i]`` (the requests that reached the end of their known tokens)
         got ``token_ids[i]``. Advance every scheduled request, append the tokens, and finish the
         requests that hit a stop token, EOS, ``max_tokens`` or ``max_model_len`` (their blocks are
-        freed and they leave ``running``)."""
+        freed and they leave ``running``). With drafts (``out.scheduled_spec_decode_tokens``),
+        ``num_accepted[request_id]`` of a request's drafts were accepted and ``token_ids[i]`` follows
+        them (see ``_update_speculative``)."""
         for request, n in zip(out.requests, out.num_tokens):
             request.num_computed_tokens += n
+        if out.scheduled_spec_decode_tokens:
+            return self._update_speculative(out, sampled, token_ids, num_accepted or {})
         finished = []
         eos, max_len = self.eos_token_ids, self.max_model_len
         for request, token in zip(sampled, token_ids):
@@ -197,6 +227,46 @@ class Scheduler:
             self.finish(request, status)
             finished.append(request)
         return SchedulerUpdate(sampled, token_ids, finished)
+
+    def _update_speculative(self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int],
+                            num_accepted: dict[str, int]) -> SchedulerUpdate:
+        """``update_from_output`` of a step with drafts. A request with ``k`` drafts of which ``j`` were
+        accepted gets ``drafts[:j] + [token]``, checked for stop conditions one by one (a stop drops
+        what follows it); its ``num_computed_tokens`` goes back by the ``k - j`` rejected drafts, whose
+        K/V the next step overwrites, and the blocks that held only those go back to the pool."""
+        drafts_of = out.scheduled_spec_decode_tokens
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        finished, last_tokens = [], []
+        update = SchedulerUpdate(sampled, last_tokens, finished)
+        for request, token in zip(sampled, token_ids):
+            rid = request.request_id
+            drafts = drafts_of.get(rid)
+            new = [token]
+            if drafts:
+                j = num_accepted.get(rid, 0)
+                request.num_computed_tokens -= len(drafts) - j
+                new = [*drafts[:j], token]
+            params, status, kept = request.sampling_params, None, 0
+            for t in new:
+                request.append_token(t)
+                kept += 1
+                if t in params.stop_token_ids or (t in eos and not params.ignore_eos):
+                    status = RequestStatus.FINISHED_STOPPED
+                elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_len:
+                    status = RequestStatus.FINISHED_LENGTH
+                if status is not None:
+                    break
+            last_tokens.append(new[kept - 1])
+            if drafts:
+                update.spec_accepted[rid] = new[: kept - 1]
+            if status is not None:
+                self.finish(request, status)
+                finished.append(request)
+            elif drafts:
+                freed = self.kv.trim(request)
+                if freed:
+                    update.spec_freed[rid] = freed
+        return update
 
     def make_stats(self) -> SchedulerStats:
         """Queue lengths, pool counts and prefix-cache counters now, in O(running requests).

@@ -13,6 +13,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Triton reads TRITON_INTERPRET when it is imported and when a kernel is defined, and transformers imports
+# triton with its attention interface: set it here, before any test module imports kvscope, so the kernel
+# tests (tests/kernels) run the Triton kernels on CPU tensors whatever the collection order. Only without
+# CUDA: a GPU run of the suite keeps compiled kernels (importing torch does not import triton).
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="module")
 def ip():

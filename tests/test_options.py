@@ -50,6 +50,8 @@ BAD = {
     "--prefix-caching": ["maybe", "ON"],
     "--no-prefix-caching": ["yes"],
     "--profile": ["-1", "x"],
+    "--speculative": ["ngram", "ngram:0", "ngram:x", "ngram:4:3-2", "ngram:100", "eagle:3", "draft:tiny",
+                      "draft:no-such-model:3"],
     "--step-delay": ["-1", "nan", "inf", "x"],
     "--trace": ["{tmp}", "{tmp}/no/such/t.json", UNWRITABLE],
     "--metrics": ["{tmp}", UNWRITABLE],

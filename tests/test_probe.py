@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import hf_greedy
+from transformers import AutoModelForCausalLM
 
 from kvscope import Engine, SamplingParams, probe_calls
 from kvscope import probe as probe_module
@@ -14,7 +15,7 @@ from kvscope.attention import UnsupportedModelError
 from kvscope.config import LayerSpec, ModelSpec
 from kvscope.models import build_tiny_model
 from kvscope.probe import probe_model
-from kvscope.zoo import tiny_model
+from kvscope.zoo import tiny_config, tiny_model
 
 
 def refusal(model) -> UnsupportedModelError:
@@ -97,6 +98,15 @@ def test_a_cache_that_keeps_less_than_the_mask_reads_is_refused():
     """Moshi's config has a sliding window that its cache applies but its mask does not: transformers'
     own generate then differs from its forward pass."""
     assert "transformers' cache for it keeps only the last 16" in str(refusal(tiny_model("moshi")))
+
+
+def test_kv_sharing_layers_are_refused():
+    """Gemma 3n's last layers read earlier layers' K/V from transformers' cache (a forward pass without
+    one computes their own): generate and forward differ, so kvscope refuses rather than pick one."""
+    config = tiny_config("gemma3_text")
+    config.num_kv_shared_layers = 2
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert "reuse earlier layers' keys and values" in str(refusal(model))
 
 
 def test_a_misread_layer_is_caught_by_the_dense_pass(monkeypatch):

@@ -271,7 +271,7 @@ class Recorder:
             else:
                 prefill_seqs += 1
                 prefill_tokens += item.num_tokens
-            num_sampled += item.sampled
+            num_sampled += item.sampled + item.num_accepted_tokens  # drafts accepted: more tokens
         page_map, full = self.pages.update(batch.scheduled, batch.block_tables)
         return StepRecord(
             step=batch.step,
@@ -296,6 +296,7 @@ class Recorder:
             page_map=page_map,
             page_map_full=full,
             memory=self.memory.sample(t.end_ns) if self.memory is not None else {},
+            spec_decode=batch.spec_decode,
         )
 
     def attach_profile(self, step: int, summary: dict[str, int]) -> None:

@@ -106,3 +106,17 @@ def test_overhead_quick():
         assert float(rows[mode].group(2)) > 0
     assert float(rows["telemetry off"].group(3)) == 1.0
     assert re.match(r"recorder: \d+ us CPU per step = [0-9.]+% of the steps' CPU time", lines[-1])
+
+
+def test_speculative_quick():
+    lines = run_benchmark("speculative.py")
+    text = "\n".join(lines)
+    for workload in ("extractive", "random"):
+        for system in ("off", "ngram", "draft"):
+            row = re.search(rf"^\| {workload} +\| 1 +\| {system} +\| ([0-9.]+) +\| ([0-9.]+)x .*\| (yes|NO) +\|$",
+                            text, re.M)
+            assert row, f"no row for {workload} / {system}:\n{text}"
+            assert float(row.group(1)) > 0 and row.group(3) == "yes", row.group(0)  # speculation changed no token
+    ratios = [re.match(r"RATIO (ngram|draft)/off (extractive|random) batch=(\d+) = ([0-9.]+)x", line)
+              for line in lines[-8:]]
+    assert all(ratios), f"the last lines are not the ratios:\n{lines[-9:]}"

@@ -2,8 +2,8 @@
 interpreter; with a GPU they run compiled, on CUDA tensors (``DEVICE``).
 
 ``TRITON_INTERPRET`` must be set before ``triton`` is imported (``triton.jit`` reads it when a kernel is
-defined), and conftest files load before test modules, so it is set here — only without CUDA, so that a
-GPU run of the whole suite keeps compiled kernels (importing torch does not import triton).
+defined): tests/conftest.py sets it (without CUDA) before any test module loads; it is set here again for
+a run of this folder alone from elsewhere.
 ``make_paged_batch`` builds a random flat batch in the layout of ``kvscope.kernels.reference``.
 """
 

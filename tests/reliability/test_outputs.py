@@ -89,7 +89,7 @@ def test_run_and_magic_refuse_outputs_that_destroy(folder, no_engine, ip, capsys
 @pytest.mark.parametrize(("options", "why"), [
     ("--out p --trace p.html", r"--trace 'p.html' and the html file of --out 'p.html' are the same file"),
     ("--out model/config --metrics model/config.trace.json", r"are the same file"),
-    ("--out p.txt --prompts p.txt.html", r"does not exist"),  # (the prompts file is checked first)
+    ("--out p.txt --prompts p.txt.html", r"is the same file as --prompts"),  # (outputs are checked first)
 ])
 def test_outputs_made_from_out_are_checked_too(folder, no_engine, capsys, options, why):
     code = main(["run", *shlex.split(options), "-q"])

@@ -3,6 +3,11 @@
 The model is replaced by a fake that "writes" into each scheduled slot a fingerprint of the exact token
 prefix that slot's K/V would encode. Checking those fingerprints after every step proves that no
 prefix-cache hit, preemption or recompute ever lets a request read K/V computed for other tokens.
+
+With ``speculative`` on, requests ready to decode get random drafts before each step (as the engine's
+``Speculator`` gives them), the fake forward writes the drafts' fingerprints too, and a random number of
+them is accepted: rejected drafts must be rolled back (tables cover exactly the computed tokens, every
+computed slot holds its own prefix) and never reach the prefix cache.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching=st.booleans(),
         chunked=st.booleans(),
         weak_hash=st.sampled_from([None, "constant", "ignores-prefix", "mod-7"]),
+        speculative=st.booleans(),
     )
-    def setup(self, block_size, num_blocks, budget, max_seqs, caching, chunked, weak_hash):
+    def setup(self, block_size, num_blocks, budget, max_seqs, caching, chunked, weak_hash, speculative):
         cfg = EngineConfig(
             block_size=block_size,
             num_blocks=num_blocks,
@@ -58,6 +64,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.kv = KVCacheManager(self.pool)
         self.sched = Scheduler(cfg, self.kv, max_model_len=64)
         self.live: dict[str, Request] = {}
+        self.speculative = speculative
         self.slots: dict[int, tuple[int, ...]] = {}  # slot -> token prefix its K/V encodes
         self.counter = 0
 
@@ -74,21 +81,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live[r.request_id] = r
         self.sched.add_request(r)
 
-    @rule(token=st.integers(10, 13))
-    def step(self, token):
+    @rule(token=st.integers(10, 13), data=st.data())
+    def step(self, token, data):
         COUNTS["steps"] += 1
+        if self.speculative:  # drafts for the requests ready to decode, within their length limits
+            for r in self.sched.running:
+                if r.num_computed_tokens == r.num_tokens - 1:
+                    room = min(r.sampling_params.max_tokens - r.num_output_tokens - 1, 64 - 1 - r.num_tokens, 3)
+                    n = max(room, 0)  # as many as fit, like a draft model (n-gram may give fewer: budget cuts)
+                    r.spec_token_ids = data.draw(st.lists(st.integers(10, 13), min_size=n, max_size=n))
         out = self.sched.schedule()
         for r in out.failed:
             self.live.pop(r.request_id)
         bs = self.pool.block_size
         sampled = []
+        drafts = out.scheduled_spec_decode_tokens
         for r, n in zip(out.requests, out.num_tokens):
+            seq = r.all_token_ids + drafts.get(r.request_id, [])  # what this step computes K/V for
             for pos in range(r.num_computed_tokens, r.num_computed_tokens + n):  # the fake forward pass
                 slot = r.block_ids[pos // bs] * bs + pos % bs
-                self.slots[slot] = tuple(r.all_token_ids[: pos + 1])
-            if r.num_computed_tokens + n == r.num_tokens:  # reaches its end: the runner samples it
+                self.slots[slot] = tuple(seq[: pos + 1])
+            if r.num_computed_tokens + n == len(seq):  # reaches its end: the runner samples it
                 sampled.append(r)
-        update = self.sched.update_from_output(out, sampled, [token] * len(sampled))
+        accepted = {rid: data.draw(st.integers(0, len(d))) for rid, d in drafts.items()}
+        COUNTS["drafts"] = COUNTS.get("drafts", 0) + sum(len(d) for d in drafts.values())
+        update = self.sched.update_from_output(out, sampled, [token] * len(sampled), accepted)
         for r in update.finished:
             assert r.finish_reason == "length" and not r.block_ids and r not in self.sched.running
             self.live.pop(r.request_id)
@@ -186,3 +203,4 @@ def test_scheduler_state_machine():
     run_state_machine_as_test(SchedulerMachine, settings=MACHINE_SETTINGS)
     ops, steps = COUNTS["ops"] - before["ops"], COUNTS["steps"] - before["steps"]
     assert ops >= 4000 and steps >= 1000, COUNTS
+    assert COUNTS.get("drafts", 0) - before.get("drafts", 0) >= 20, COUNTS  # speculation was exercised (50-300 drafts a run)

@@ -1,7 +1,9 @@
 """Soak: hundreds of requests with random arrivals and aborts on a pool that forces preemptions.
 
 Every request that is not aborted must produce exactly what it produces when run alone; the pool must
-return to empty; and the recorded steps, token counts and request events must add up.
+return to empty; and the recorded steps, token counts and request events must add up. The same with
+speculative decoding (prompt lookup, and an early-exit draft model with its own pool, which must
+return to empty too): drafts rolled back under preemption and abort must change no output.
 """
 
 from __future__ import annotations
@@ -9,13 +11,30 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from kvscope import Engine, SamplingParams
+from kvscope.models import build_tiny_model, build_tiny_tokenizer
+from kvscope.spec_decode.draft_model import early_exit_draft
 
 NUM_REQUESTS = 300
 COUNTS: dict[str, int] = {}  # what the soak did (figures for docs/reliability.md)
 
 
-def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
+def soak_engine(speculative: str | None) -> Engine:
+    kw = dict(block_size=8, num_blocks=40, max_num_batched_tokens=32, max_num_seqs=16)
+    if speculative is None:
+        return Engine("tiny", **kw)
+    if speculative == "ngram":
+        return Engine("tiny", **kw, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                        "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    target = build_tiny_model("llama")  # the weights of "tiny"
+    return Engine(target, tokenizer=build_tiny_tokenizer(), **kw, speculative_config={
+        "method": "draft_model", "model": early_exit_draft(target, 1), "num_speculative_tokens": 3})
+
+
+@pytest.mark.parametrize("speculative", [None, "ngram", "draft_model"])
+def test_soak_random_arrivals_aborts_preemptions_prefix_sharing(speculative):
     rng = random.Random(1234)
     system = [rng.randrange(3, 512) for _ in range(24)]
     prompts = []
@@ -24,7 +43,7 @@ def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
         prompts.append(system + body if rng.random() < 0.5 else body)
     params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in prompts]
 
-    engine = Engine("tiny", block_size=8, num_blocks=40, max_num_batched_tokens=32, max_num_seqs=16)
+    engine = soak_engine(speculative)
     ids: dict[str, int] = {}
     outputs: dict[str, list[int]] = {}
     aborted: dict[str, str] = {}
@@ -54,11 +73,21 @@ def test_soak_random_arrivals_aborts_preemptions_prefix_sharing():
 
     assert engine.pool.num_free_blocks == engine.pool.num_blocks  # back to the baseline
     assert all(b.ref_cnt == 0 for b in engine.pool.blocks)
+    draft_pool = getattr(engine.speculator.proposer, "pool", None) if engine.speculator else None
+    if draft_pool is not None:  # the draft model's own pool too
+        assert draft_pool.num_free_blocks == draft_pool.num_blocks and not engine.speculator.proposer.shadows
     recorder = engine.recorder  # nothing kept per request once it ended (tests/reliability/test_request_ids.py)
     assert engine.requests == {} and engine.kv._num_offered == {} and recorder._pending == []
     assert recorder._seen_scheduled == set() and recorder._was_preempted == set() and recorder._renamed == {}
     assert recorder.pages.tables == {} and recorder.pages.holders == {}
     phases = Counter(aborted.values())
+    if speculative is not None:
+        s = engine.recorder.steps
+        drafted = sum(r.spec_decode.num_draft_tokens for r in s if r.spec_decode is not None)
+        accepted = sum(r.spec_decode.num_accepted_tokens for r in s if r.spec_decode is not None)
+        assert 0 < accepted < drafted, (accepted, drafted)
+        COUNTS[f"{speculative}: draft tokens"] = drafted
+        COUNTS[f"{speculative}: accepted"] = accepted
     COUNTS.update(requests=NUM_REQUESTS, steps=engine.step_index, aborted=len(aborted),
                   **{f"aborted while {k}": v for k, v in sorted(phases.items())},
                   preemptions=engine.scheduler.num_preemptions, prefix_cache_hit_tokens=engine.pool.prefix_cache_hits)

@@ -76,8 +76,8 @@ def test_telemetry_counts_drafts_per_step_position_and_request():
         assert sum(spec.num_accepted_tokens_per_pos) == spec.num_accepted_tokens
         assert all(a >= b for a, b in zip(spec.num_accepted_tokens_per_pos, spec.num_accepted_tokens_per_pos[1:]))
         assert sum(n for n, _ in spec.draft_slots.values()) <= spec.num_draft_tokens
-        for item in items:  # a verification is a decode of 1 + k tokens
-            assert item.kind == "decode" and item.num_tokens == 1 + item.num_draft_tokens
+        for item in items:  # a verification: the last sampled (or prompt) token and k drafts
+            assert item.sampled and item.num_tokens == 1 + item.num_draft_tokens
     assert sum(r.num_output_tokens for r in run.records) == sum(map(len, tokens))
     req = run.requests
     assert req["num_draft_tokens"].sum() == run.summary()["spec_num_draft_tokens"]

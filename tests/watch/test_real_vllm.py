@@ -6,7 +6,7 @@ each phase showed; the tests (in any order) check it:
 
 1. prefix: four prompts of 97 tokens (3 full blocks each): two share a 64-token prefix, one is repeated;
 2. evictions: twelve more distinct prompts, four at a time, more than the pool holds;
-3. preemptions: six requests that outgrow the pool while they decode;
+3. preemptions: eight requests that outgrow the pool while they decode;
 4. the server is killed (SIGKILL to its process group) while requests run.
 """
 
@@ -111,7 +111,9 @@ def story(vllm_py, tiny_llama, tmp_path_factory) -> Story:
         out.usage["evict"].append(out.rehit)
         _settle("evict", out, watch, server)
 
-        out.usage["preempt"] = _send_all(server, [prompt(3000 + 40 * i, 40) for i in range(6)], 120, 6)
+        # 8 blocks each at the end (40 + 200 tokens), 64 for all on a pool of 24: any three decoding at once
+        # outgrow it, so vLLM preempts even if a busy machine staggers the requests' arrival
+        out.usage["preempt"] = _send_all(server, [prompt(3000 + 40 * i, 40) for i in range(8)], 200, 8)
         _settle("preempt", out, watch, server)
 
         # Phase 4: requests that will never finish, then the server dies under them.
@@ -193,7 +195,7 @@ def test_a_pool_too_small_for_the_load_evicts_and_the_residency_view_shrinks(sto
 
 def test_preemptions_are_counted_as_vllm_counts_them(story):
     summary, counters = story.summary["preempt"], story.counters["preempt"]
-    assert counters["preemptions"] > 0, "six requests of 5 blocks each on 24 blocks should preempt"
+    assert counters["preemptions"] > 0, "eight requests of 8 blocks each on 24 blocks should preempt"
     assert summary["preemptions"] == counters["preemptions"]
 
 
