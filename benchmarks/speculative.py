@@ -5,7 +5,9 @@
     python benchmarks/speculative.py --batch-sizes 1,4 --workloads extractive --json out.json
 
 Workloads: *extractive* (the instruction "copy this passage", so the answer copies from the prompt:
-what prompt lookup is for) and *random* (random token ids: nothing to look up). Every request makes
+what prompt lookup is for), *open* (open-ended questions: little to copy) and *random* (random token
+ids; greedy decoding of a small model on such prompts soon repeats itself, and lookup finds the
+repeats). Every request makes
 ``--output-len`` tokens, greedy, EOS ignored. Systems: ``off``; ``ngram`` (``--ngram``, prompt lookup);
 ``draft`` (the target's first ``--draft-layers`` layers with its own norm and head: an early-exit draft
 sharing the target's weights and vocabulary; ``--draft-model NAME`` for another model). For each
@@ -63,11 +65,31 @@ SENTENCES = (
 )
 
 
+QUESTIONS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Give three tips for learning to play the guitar.",
+    "What should I pack for a week of hiking in the mountains?",
+    "Describe how a bicycle works.",
+    "Write a poem about the first snow of winter.",
+    "Why do cats purr?",
+    "Plan a simple vegetarian dinner for four people.",
+    "What are the pros and cons of working from home?",
+    "Explain what a computer's memory is for.",
+    "Write a letter thanking a teacher.",
+    "How do bees make honey?",
+    "Suggest names for a small bakery and say why.",
+    "What is the difference between weather and climate?",
+    "Tell me about the history of the bicycle.",
+    "How can I sleep better?",
+)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, llama-quick, a folder")
     p.add_argument("--batch-sizes", default="1,4,16,64", help="requests running at once, comma-separated")
-    p.add_argument("--workloads", default="extractive,random", help="extractive, random or both")
+    p.add_argument("--workloads", default="extractive,open,random", help="extractive, open, random (comma-separated)")
     p.add_argument("--output-len", type=int, default=64, help="tokens per request (EOS ignored)")
     p.add_argument("--ngram", default="4:2-5", help="K:MIN-MAX of the n-gram system (k drafts, lookup lengths)")
     p.add_argument("--draft-k", type=int, default=3, help="drafts per step of the draft system")
@@ -98,14 +120,25 @@ def extractive_prompts(tokenizer, n: int, seed: int, vocab: int, special: set[in
             prompts.append(passage + passage[:8])
             continue
         passage = " ".join(rng.sample(SENTENCES, 6))
-        text = f"Copy the following passage word for word, and write nothing else.\n\n{passage}"
-        if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-            ids = ids if isinstance(ids, list) else ids["input_ids"]  # transformers 5: a BatchEncoding
-        else:
-            ids = tokenizer.encode(text + "\n\n")
-        prompts.append([int(t) for t in ids])
+        prompts.append(chat(tokenizer, f"Copy the following passage word for word, and write nothing else.\n\n{passage}"))
     return prompts
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    """``text`` as a user turn of the tokenizer's chat template (plain text without one)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = ids if isinstance(ids, list) else ids["input_ids"]  # transformers 5: a BatchEncoding
+    else:
+        ids = tokenizer.encode(text + "\n\n")
+    return [int(t) for t in ids]
+
+
+def open_prompts(tokenizer, n: int, seed: int, vocab: int, special: set[int]) -> list[list[int]]:
+    """Open-ended questions (cycled); random ids without a tokenizer."""
+    if tokenizer is None:
+        return random_prompts(n, seed + 7, vocab, special)
+    return [chat(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
 
 
 def random_prompts(n: int, seed: int, vocab: int, special: set[int]) -> list[list[int]]:
@@ -165,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = {s: make_engine(model, tokenizer, s, args, biggest) for s in systems}
     workloads = {
         "extractive": extractive_prompts(tokenizer, biggest, args.seed, vocab, special),
+        "open": open_prompts(tokenizer, biggest, args.seed, vocab, special),
         "random": random_prompts(biggest, args.seed, vocab, special),
     }
     rows, results, ratios, mismatches = [], [], [], 0

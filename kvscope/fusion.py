@@ -116,7 +116,8 @@ class FusedLinears:
                         fused._add(linears, onednn)
                         grouped.update(linears)
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module not in grouped:
+            # exactly nn.Linear: a subclass may do more in forward (Llama 4's router returns scores and logits)
+            if type(module) is torch.nn.Linear and module not in grouped:
                 fused._add([module], onednn)
         return fused
 

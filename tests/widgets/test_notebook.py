@@ -8,6 +8,7 @@ import json
 
 import nbformat
 import pytest
+from kvscope.widgets.panels.registry import PANELS
 from nbclient import NotebookClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -94,7 +95,7 @@ def test_saved_notebook_holds_the_finished_dashboard(tmp_path, monkeypatch):
     widget_outputs = [o for o in saved.cells[1].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(widget_outputs) == 1  # the dashboard was displayed once
     docs = _bokeh_docs(saved)
-    assert len(docs) == 7  # one BokehModel per panel
+    assert len(docs) == len(PANELS)  # one BokehModel per panel
     sources = _sources(docs)
     cells = sources["page-map-cells"]
     assert _length(cells["block"]) == 48
