@@ -15,12 +15,12 @@ def step(i: int, spec: SpecDecodeStats | None, page_map=None) -> StepRecord:
                       page_map=page_map or {}, page_map_full=page_map is not None, spec_decode=spec)
 
 
-def spec(drafted_pos, accepted_pos, slots=None, draft_map=None, full=False, freed=()) -> SpecDecodeStats:
+def spec(drafted_pos, accepted_pos, slots=None, draft_map=None, full=False) -> SpecDecodeStats:
     return SpecDecodeStats(4, num_drafts=drafted_pos[0] if drafted_pos else 0, num_draft_tokens=sum(drafted_pos),
                            num_accepted_tokens=sum(accepted_pos), num_draft_tokens_per_pos=drafted_pos,
                            num_accepted_tokens_per_pos=accepted_pos, draft_slots=slots or {},
                            draft_num_blocks=6 if draft_map is not None else 0,
-                           draft_page_map=draft_map or {}, draft_page_map_full=full, freed_blocks=list(freed))
+                           draft_page_map=draft_map or {}, draft_page_map_full=full)
 
 
 def test_speculation_panel_stays_hidden_without_speculation_then_counts_each_step():
@@ -41,12 +41,11 @@ def test_speculation_panel_stays_hidden_without_speculation_then_counts_each_ste
 def test_page_map_marks_the_blocks_that_held_draft_slots():
     panel = PageMapPanel()
     entries = {b: PageEntry("a", 4, "used", 1) for b in range(3)}
-    panel.update(Tick([step(0, spec([1, 1], [1, 0], slots={1: [1, 1], 2: [1, 0]}, freed=[2]), page_map=entries)]))
+    panel.update(Tick([step(0, spec([1, 1], [1, 0], slots={1: [1, 1], 2: [1, 0]}), page_map=entries)]))
     marks = panel.marks.data
     assert list(marks["block"]) == [1, 2] and list(marks["color"]) == [DRAFT_MARK_COLORS[2], DRAFT_MARK_COLORS[0]]
-    panel.update(Tick([step(1, spec([1], [0], slots={0: [3, 1], 1: [1, 0]}))]))  # rejected, but kept: orange
-    assert list(panel.marks.data["block"]) == [0, 1]
-    assert list(panel.marks.data["color"]) == [DRAFT_MARK_COLORS[1]] * 2
+    panel.update(Tick([step(1, spec([1], [0], slots={0: [3, 1]}))]))
+    assert list(panel.marks.data["block"]) == [0] and list(panel.marks.data["color"]) == [DRAFT_MARK_COLORS[1]]
     panel.update(Tick([step(2, None)]))  # a step without speculation leaves the last marks
     assert list(panel.marks.data["block"]) == [0]
 

@@ -14,8 +14,8 @@ cells that changed go out, with ``ColumnDataSource.patch``.
 of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live ones.
 
 With speculative decoding, a small triangle marks each block that held draft slots in the step
-(``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when it rejected
-some, red when the block held nothing but rejected drafts and went back to the pool (``freed_blocks``). ``pool_of`` / ``map_of`` say which pool a panel draws
+(``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when some, red
+when none (the block went back to the pool). ``pool_of`` / ``map_of`` say which pool a panel draws
 (``speculation.DraftPageMapPanel`` draws the draft model's).
 """
 
@@ -49,7 +49,7 @@ MAX_CELLS = 8192
 STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
 SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
 NO_OUTLINE = "rgba(0,0,0,0)"
-DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: block returned, some rejected, all accepted
+DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: none, some, all accepted
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
@@ -187,10 +187,10 @@ class PageMapPanel(Panel):
         spec = next((r.spec_decode for r in reversed(records) if r.spec_decode is not None), None)
         if spec is None or not self.entries:
             return
-        rows, freed = [], set(spec.freed_blocks)
+        rows = []
         for block, (drafted, accepted) in sorted(spec.draft_slots.items()):
             cell = block // self.group
-            rank = 0 if block in freed else 2 if accepted == drafted else 1
+            rank = 2 if accepted == drafted else 1 if accepted else 0
             rows.append({"x": cell % self.cols + 0.3, "y": cell // self.cols - 0.3, "block": block,
                          "drafted": drafted, "accepted": accepted, "color": DRAFT_MARK_COLORS[rank]})
         data = columns(rows) if rows else {c: [] for c in self.marks.data}
