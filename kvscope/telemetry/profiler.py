@@ -62,6 +62,7 @@ MATMUL_OPS = frozenset(
         "aten::_addmm_activation",
         "aten::linear",
         "aten::dot",
+        "mkldnn::_linear_pointwise",  # the oneDNN GEMMs of kvscope/fusion.py
     }
 )
 ATTENTION_WORDS = ("attention", "flash", "sdpa", "fmha")
