@@ -23,6 +23,27 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's Chromium driven by Playwright (never a downloaded browser). One for the whole session:
+    Playwright's sync API refuses to start while another of its instances holds the thread's event loop."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI installs it")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
 @pytest.fixture(scope="module")
 def ip():
     """IPython's own shell with ``%load_ext kvscope`` (as in a test of any magic), unloaded after the module."""

@@ -9,7 +9,6 @@ screenshots are kept in ``artifacts/``.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,9 +20,6 @@ from kvscope import Engine, SamplingParams
 from kvscope.perfetto_ui import PerfettoServer, serve, trace_bytes, ui_root
 from kvscope.run import Run
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
@@ -96,11 +92,7 @@ def test_a_file_that_is_not_a_kvscope_run_is_refused_by_name(tmp_path, content):
 
 @pytest.mark.browser
 @pytest.mark.timeout(180)
-def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI installs it")
-    from playwright.sync_api import sync_playwright
-
+def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files, chromium):
     trace, _ = run_files
     request_ids = list(dict.fromkeys(e["request_id"] for e in json.loads(trace.read_text())["kvscope"]["events"]))
     assert len(request_ids) == 3
@@ -115,10 +107,10 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files):
             blocked.append(url)
             r.abort()
 
-    with serve(trace) as server, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with serve(trace) as server:
+        context = chromium.new_context(viewport={"width": 1400, "height": 900})
         try:
-            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            page = context.new_page()
             page.route("**/*", route)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(server.url)
@@ -143,7 +135,7 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files):
             assert [lane["y"] for lane in lanes] == sorted(lane["y"] for lane in lanes)
             page.screenshot(path=str(ARTIFACTS / "perfetto_requests.png"))
         finally:
-            browser.close()
+            context.close()
     assert errors == []
     # what the UI tried beyond loopback was only its optional internal-user probe (blocked), and the
     # trace opened all the same

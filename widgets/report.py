@@ -139,7 +139,7 @@ if (i >= 0) {
   for (let j = m.offset[i]; j < m.offset[i + 1]; j++) {
     const b = m.block[j], c = Math.floor(b / group), n = m.drafted[j], a = m.accepted[j];
     cols.x.push(c % ncols + 0.3); cols.y.push(Math.floor(c / ncols) - 0.3); cols.block.push(b);
-    cols.drafted.push(n); cols.accepted.push(a); cols.color.push(colors[a == n ? 2 : a > 0 ? 1 : 0]);
+    cols.drafted.push(n); cols.accepted.push(a); cols.color.push(colors[m.freed[j] ? 0 : a == n ? 2 : 1]);
   }
 }
 source.data = cols;
@@ -148,16 +148,18 @@ source.data = cols;
 
 def draft_marks_history(run: RecordedRun) -> dict[str, list]:
     """Per speculative step, the blocks that held draft slots, as flat arrays with offsets."""
-    marks: dict[str, list] = {k: [] for k in ("step", "offset", "block", "drafted", "accepted")}
+    marks: dict[str, list] = {k: [] for k in ("step", "offset", "block", "drafted", "accepted", "freed")}
     for record in run.records:
         if record.spec_decode is None:
             continue
         marks["step"].append(record.step)
         marks["offset"].append(len(marks["block"]))
+        freed = set(record.spec_decode.freed_blocks)
         for block, (drafted, accepted) in sorted(record.spec_decode.draft_slots.items()):
             marks["block"].append(block)
             marks["drafted"].append(drafted)
             marks["accepted"].append(accepted)
+            marks["freed"].append(int(block in freed))
     marks["offset"].append(len(marks["block"]))
     return marks
 

@@ -119,6 +119,7 @@ class Speculator:
             num_spec_tokens=k, num_drafts=num_drafts, num_draft_tokens=num_draft_tokens,
             num_accepted_tokens=num_accepted, num_draft_tokens_per_pos=drafted_pos,
             num_accepted_tokens_per_pos=accepted_pos, draft_slots=slots, propose_ns=propose_ns,
+            freed_blocks=sorted(b for blocks in freed.values() for b in blocks),
             draft_num_blocks=pool.num_blocks if pool is not None else 0,
             draft_blocks_used=pool.num_used_blocks if pool is not None else 0,
             draft_page_map=page_map, draft_page_map_full=full,

@@ -110,9 +110,10 @@ class SpecDecodeStats:
     Per draft position ``i`` (0-based): ``num_draft_tokens_per_pos[i]`` requests had an ``i``-th draft,
     ``num_accepted_tokens_per_pos[i]`` of them had it accepted (acceptance stops at the first
     rejection, so these fall with ``i``). ``draft_slots``: target KV block -> ``[draft slots the
-    verification wrote into it, of them accepted]``; a block whose slots were all rejected went back to
-    the pool at the end of the step. ``draft_page_map``: the draft model's own pool, like
-    ``StepRecord.page_map`` (changed blocks, or every block when ``draft_page_map_full``)."""
+    verification wrote into it, of them accepted]``; ``freed_blocks``: those of them that held nothing
+    but rejected drafts, given back to the pool at the end of the step. ``draft_page_map``: the draft
+    model's own pool, like ``StepRecord.page_map`` (changed blocks, or every block when
+    ``draft_page_map_full``)."""
 
     num_spec_tokens: int  # k: drafts asked for per request per step
     num_drafts: int = 0  # requests verified with at least one draft
@@ -121,6 +122,7 @@ class SpecDecodeStats:
     num_draft_tokens_per_pos: list[int] = field(default_factory=list)
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     draft_slots: dict[int, list[int]] = field(default_factory=dict)
+    freed_blocks: list[int] = field(default_factory=list)
     propose_ns: int = 0  # proposing the next step's drafts (part of update_ns)
     draft_num_blocks: int = 0  # the draft model's pool (0: no draft model)
     draft_blocks_used: int = 0

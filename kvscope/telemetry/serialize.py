@@ -74,6 +74,7 @@ def spec_to_dict(spec: SpecDecodeStats) -> dict[str, Any]:
     out["num_draft_tokens_per_pos"] = list(spec.num_draft_tokens_per_pos)
     out["num_accepted_tokens_per_pos"] = list(spec.num_accepted_tokens_per_pos)
     out["draft_slots"] = {str(b): list(v) for b, v in spec.draft_slots.items()}
+    out["freed_blocks"] = list(spec.freed_blocks)
     out["draft_page_map"] = {str(b): list(entry) for b, entry in spec.draft_page_map.items()}
     return out
 
@@ -83,6 +84,7 @@ def spec_from_dict(d: dict[str, Any]) -> SpecDecodeStats:
     kwargs["num_draft_tokens_per_pos"] = [int(x) for x in d.get("num_draft_tokens_per_pos", [])]
     kwargs["num_accepted_tokens_per_pos"] = [int(x) for x in d.get("num_accepted_tokens_per_pos", [])]
     kwargs["draft_slots"] = {int(b): [int(n), int(a)] for b, (n, a) in d.get("draft_slots", {}).items()}
+    kwargs["freed_blocks"] = [int(b) for b in d.get("freed_blocks", [])]
     kwargs["draft_page_map"] = {
         int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d.get("draft_page_map", {}).items()
     }

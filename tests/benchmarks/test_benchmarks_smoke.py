@@ -111,12 +111,12 @@ def test_overhead_quick():
 def test_speculative_quick():
     lines = run_benchmark("speculative.py")
     text = "\n".join(lines)
-    for workload in ("extractive", "random"):
+    for workload in ("extractive", "open", "random"):
         for system in ("off", "ngram", "draft"):
             row = re.search(rf"^\| {workload} +\| 1 +\| {system} +\| ([0-9.]+) +\| ([0-9.]+)x .*\| (yes|NO) +\|$",
                             text, re.M)
             assert row, f"no row for {workload} / {system}:\n{text}"
             assert float(row.group(1)) > 0 and row.group(3) == "yes", row.group(0)  # speculation changed no token
-    ratios = [re.match(r"RATIO (ngram|draft)/off (extractive|random) batch=(\d+) = ([0-9.]+)x", line)
+    ratios = [re.match(r"RATIO (ngram|draft)/off (extractive|open|random) batch=(\d+) = ([0-9.]+)x", line)
               for line in lines[-8:]]
     assert all(ratios), f"the last lines are not the ratios:\n{lines[-9:]}"

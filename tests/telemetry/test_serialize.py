@@ -18,7 +18,7 @@ def record(spec: SpecDecodeStats | None, items: list[ScheduledItem]) -> StepReco
 def test_speculative_fields_round_trip():
     spec = SpecDecodeStats(4, num_drafts=1, num_draft_tokens=4, num_accepted_tokens=2,
                            num_draft_tokens_per_pos=[1, 1, 1, 1], num_accepted_tokens_per_pos=[1, 1, 0, 0],
-                           draft_slots={1: [2, 2], 2: [2, 0]}, propose_ns=1234, draft_num_blocks=8,
+                           draft_slots={1: [2, 2], 2: [2, 0]}, freed_blocks=[2], propose_ns=1234, draft_num_blocks=8,
                            draft_blocks_used=3, draft_page_map={0: PageEntry("a", 4, "used", 1)},
                            draft_page_map_full=True)
     items = [ScheduledItem("a", "decode", 5, 9, True, 4, 2), ScheduledItem("b", "prefill", 3, 3, False)]

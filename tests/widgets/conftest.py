@@ -19,11 +19,6 @@ from widget_util import XSS_PROMPTS
 # processes (a 1 ms step can take 500 ms); one thread keeps these tests fast and stable.
 torch.set_num_threads(1)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
@@ -38,19 +33,6 @@ def _local(url: str) -> bool:
     if url.startswith(("file:", "data:", "blob:", "about:")):
         return True
     return urlsplit(url).hostname in ("127.0.0.1", "localhost")
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI installs it")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

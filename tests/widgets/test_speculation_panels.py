@@ -15,12 +15,12 @@ def step(i: int, spec: SpecDecodeStats | None, page_map=None) -> StepRecord:
                       page_map=page_map or {}, page_map_full=page_map is not None, spec_decode=spec)
 
 
-def spec(drafted_pos, accepted_pos, slots=None, draft_map=None, full=False) -> SpecDecodeStats:
+def spec(drafted_pos, accepted_pos, slots=None, draft_map=None, full=False, freed=()) -> SpecDecodeStats:
     return SpecDecodeStats(4, num_drafts=drafted_pos[0] if drafted_pos else 0, num_draft_tokens=sum(drafted_pos),
                            num_accepted_tokens=sum(accepted_pos), num_draft_tokens_per_pos=drafted_pos,
                            num_accepted_tokens_per_pos=accepted_pos, draft_slots=slots or {},
                            draft_num_blocks=6 if draft_map is not None else 0,
-                           draft_page_map=draft_map or {}, draft_page_map_full=full)
+                           draft_page_map=draft_map or {}, draft_page_map_full=full, freed_blocks=list(freed))
 
 
 def test_speculation_panel_stays_hidden_without_speculation_then_counts_each_step():
@@ -41,13 +41,14 @@ def test_speculation_panel_stays_hidden_without_speculation_then_counts_each_ste
 def test_page_map_marks_the_blocks_that_held_draft_slots():
     panel = PageMapPanel()
     entries = {b: PageEntry("a", 4, "used", 1) for b in range(3)}
-    panel.update(Tick([step(0, spec([1, 1], [1, 0], slots={1: [1, 1], 2: [1, 0]}), page_map=entries)]))
+    panel.update(Tick([step(0, spec([1, 1], [1, 0], slots={1: [1, 1], 2: [1, 0]}, freed=[2]), page_map=entries)]))
     marks = panel.marks.data
     assert list(marks["block"]) == [1, 2] and list(marks["color"]) == [DRAFT_MARK_COLORS[2], DRAFT_MARK_COLORS[0]]
-    panel.update(Tick([step(1, spec([1], [0], slots={0: [3, 1]}))]))
-    assert list(panel.marks.data["block"]) == [0] and list(panel.marks.data["color"]) == [DRAFT_MARK_COLORS[1]]
+    panel.update(Tick([step(1, spec([1], [0], slots={0: [3, 1], 1: [1, 0]}))]))  # rejected, but kept: orange
+    assert list(panel.marks.data["block"]) == [0, 1]
+    assert list(panel.marks.data["color"]) == [DRAFT_MARK_COLORS[1]] * 2
     panel.update(Tick([step(2, None)]))  # a step without speculation leaves the last marks
-    assert list(panel.marks.data["block"]) == [0]
+    assert list(panel.marks.data["block"]) == [0, 1]
 
 
 def test_draft_page_map_draws_the_draft_pool():
@@ -60,3 +61,28 @@ def test_draft_page_map_draws_the_draft_pool():
     assert panel.source.data["owner"][2] == "a" and panel.source.data["state"][2] == "used"
     panel.update(Tick([step(2, spec([1], [0], draft_map={2: PageEntry("", 0, "free", 0)}))]))
     assert panel.source.data["state"][2] == "free"
+
+
+def test_a_live_speculative_run_fills_the_panels_and_a_loaded_one_replays_them(tmp_path):
+    """LiveRun's headless dashboard on the tiny model with prompt lookup, then the replay of its trace."""
+    from kvscope.widgets.report import Replay
+
+    import kvscope
+    from kvscope import Engine
+    from kvscope.live import LiveRun
+    from kvscope.workload import synthetic_workload
+
+    engine = Engine("tiny", num_blocks=64, block_size=4, max_num_seqs=4, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    items = synthetic_workload(6, (8, 16), (24, 24), vocab_size=16, exclude_ids=[0, 1, 2], seed=3)  # repeats
+    run = LiveRun(engine, items, step_delay=0.0,
+                  dashboard_options={"refresh_hz": 10.0, "headless": True}).start().wait(timeout=90)
+    assert run.status == "finished"
+    spec_steps = [r for r in run.run.records if r.spec_decode is not None]
+    panel = run.dashboard.panel["speculation"]
+    assert panel.model.visible and list(panel.tokens.data["step"]) == [r.step for r in spec_steps]
+    assert panel.totals["drafted"] == run.run.summary()["spec_num_draft_tokens"] > 0
+    path = run.run.save_trace(tmp_path / "spec.json")
+    replay = Replay(kvscope.load(path))
+    again = replay.dashboard.panel["speculation"]
+    assert list(again.tokens.data["accepted"]) == [r.spec_decode.num_accepted_tokens for r in spec_steps]

@@ -14,8 +14,8 @@ cells that changed go out, with ``ColumnDataSource.patch``.
 of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live ones.
 
 With speculative decoding, a small triangle marks each block that held draft slots in the step
-(``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when some, red
-when none (the block went back to the pool). ``pool_of`` / ``map_of`` say which pool a panel draws
+(``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when it rejected
+some, red when the block held nothing but rejected drafts and went back to the pool (``freed_blocks``). ``pool_of`` / ``map_of`` say which pool a panel draws
 (``speculation.DraftPageMapPanel`` draws the draft model's).
 """
 
@@ -49,7 +49,7 @@ MAX_CELLS = 8192
 STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
 SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
 NO_OUTLINE = "rgba(0,0,0,0)"
-DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: none, some, all accepted
+DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: block returned, some rejected, all accepted
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
@@ -103,7 +103,8 @@ class PageMapPanel(Panel):
         self.num_cells = 0
         self.step: int | None = None
         self.source = empty_source(*COLUMNS)
-        self.source.name = "page-map-cells"
+        prefix = self.name.replace("_", "-")  # names a test or the report's JS finds a source by
+        self.source.name = f"{prefix}-cells"
         fig = new_figure(self.title, width=width, height=height, x_range=Range1d(-0.5, 0.5),
                          y_range=Range1d(0.5, -0.5))
         cells = fig.rect("x", "y", width=0.92, height=0.92, source=self.source, fill_color="color",
@@ -113,7 +114,7 @@ class PageMapPanel(Panel):
         add_hover(fig, [("block", "@blocks"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
                         ("holders", "@refs")], renderers=[cells])
         self.marks = empty_source("x", "y", "block", "drafted", "accepted", "color")
-        self.marks.name = "page-map-draft-slots"
+        self.marks.name = f"{prefix}-draft-slots"
         if self.marks_drafts:
             marks = fig.scatter("x", "y", source=self.marks, marker="triangle", size=8, fill_color="color",
                                 line_color="#ffffff")
@@ -187,10 +188,10 @@ class PageMapPanel(Panel):
         spec = next((r.spec_decode for r in reversed(records) if r.spec_decode is not None), None)
         if spec is None or not self.entries:
             return
-        rows = []
+        rows, freed = [], set(spec.freed_blocks)
         for block, (drafted, accepted) in sorted(spec.draft_slots.items()):
             cell = block // self.group
-            rank = 2 if accepted == drafted else 1 if accepted else 0
+            rank = 0 if block in freed else 2 if accepted == drafted else 1
             rows.append({"x": cell % self.cols + 0.3, "y": cell // self.cols - 0.3, "block": block,
                          "drafted": drafted, "accepted": accepted, "color": DRAFT_MARK_COLORS[rank]})
         data = columns(rows) if rows else {c: [] for c in self.marks.data}
