@@ -51,6 +51,8 @@ the formula (what the KV cache holds for every token of every running request):
       max requests   = floor(budget / (max_len x bytes per token))
   paged allocation:   a request holds only the blocks it fills, ceil(avg_len / block_size) of them
       max requests   = floor(budget / (ceil(avg_len / block_size) x block_size x bytes per token))
+  sliding-window layers (--sliding-window W): static keeps min(max_len, W) slots there, paged at most
+      ceil(W / block_size) + 1 blocks (blocks that leave the window go back to the pool)
   Sizes are binary: 40GB == 40GiB == 40 x 2^30 bytes.
 
 examples:
@@ -103,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--kv-heads", type=positive_int, default=None,
                        help="key/value heads per layer (= attention heads unless the model uses GQA/MQA)")
     shape.add_argument("--head-dim", type=positive_int, default=None, help="size of one head")
+    shape.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
+                       help="tokens a sliding-window layer reads (Mistral, Gemma 2/3, gpt-oss)")
+    shape.add_argument("--sliding-layers", type=positive_int, default=None, metavar="N",
+                       help="how many layers have that window (default: all)")
     shape.add_argument("--dtype", default="fp16", choices=("fp32", "fp16", "bf16", "fp8"),
                        help="KV (and weights) element type (default fp16)")
     mem = plan.add_argument_group("memory")
@@ -150,6 +156,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for key, value in given.items():
             if value is not None:
                 setattr(shape, key, value)
+    if args.sliding_window is not None:
+        shape.sliding_window = args.sliding_window
+        shape.num_sliding_layers = args.sliding_layers or shape.num_sliding_layers or shape.num_layers
+    elif args.sliding_layers is not None:
+        if not shape.sliding_window:
+            raise CLIError("--sliding-layers needs --sliding-window W (the model has no window)")
+        shape.num_sliding_layers = args.sliding_layers
     try:
         plan = make_plan(shape, dtype=args.dtype, gpu_mem=args.gpu_mem, weights=args.weights, reserve=args.reserve,
                          max_len=args.max_len, avg_len=args.avg_len, block_size=args.block_size)

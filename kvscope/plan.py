@@ -9,6 +9,12 @@ The arithmetic of the course chapter, for any model shape:
 - paged allocation: a request holds only the blocks its tokens fill, ``ceil(avg_len / block_size)`` of
   them, so concurrency = floor(budget / (blocks x block_size x bytes per token)).
 
+Sliding-window layers (Mistral, Gemma 2/3, gpt-oss: ``sliding_window`` tokens, in ``num_sliding_layers``
+of the layers) read only the last ``W`` keys. A static cache gives them ``min(max_len, W)`` slots (as
+transformers' static cache does); a paged engine that frees the blocks leaving the window (kvscope,
+vLLM) holds at most ``ceil(W / block_size) + 1`` blocks of them per request (a window rarely starts on
+a block boundary). The per-request figures then add the full and the sliding layers' parts.
+
 Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.config.parse_bytes`` reads them.
 """
 
@@ -34,6 +40,12 @@ class ModelShape:
     num_params: int = 0  # 0 = unknown
     max_position_embeddings: int = 0  # 0 = unknown
     note: str = ""
+    sliding_window: int = 0  # 0 = no sliding-window layers
+    num_sliding_layers: int = 0  # of num_layers (all of them when a window is given without a count)
+
+    def __post_init__(self) -> None:
+        if self.sliding_window and not self.num_sliding_layers:
+            self.num_sliding_layers = self.num_layers
 
 
 # Shapes from each model's published config.json (parameter counts from their model cards).
@@ -43,7 +55,13 @@ KNOWN_MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("llama-70b", 80, 8, 128, 68_976_648_192, 4096, "Llama-2-70B: 64 query heads share 8 KV heads"),
     ModelShape("llama-3-8b", 32, 8, 128, 8_030_261_248, 8192, "Llama-3-8B: 32 query heads share 8 KV heads"),
     ModelShape("llama-3-70b", 80, 8, 128, 70_553_706_496, 8192, "Llama-3-70B: 64 query heads, 8 KV heads"),
-    ModelShape("mistral-7b", 32, 8, 128, 7_241_732_096, 32768, "Mistral-7B-v0.1: 32 query heads, 8 KV heads"),
+    ModelShape("mistral-7b", 32, 8, 128, 7_241_732_096, 32768,
+               "Mistral-7B-v0.1: 32 query heads, 8 KV heads, a 4096-token window in every layer", 4096),
+    ModelShape("gemma-2-9b", 42, 8, 256, 9_241_705_984, 8192,
+               "Gemma-2-9B: 16 query heads, 8 KV heads; every other layer has a 4096-token window", 4096, 21),
+    ModelShape("gpt-oss-20b", 24, 8, 64, 0, 131072,
+               "gpt-oss-20b: 64 query heads, 8 KV heads; every other layer has a 128-token window "
+               "(MXFP4 weights: give --weights)", 128, 12),
     ModelShape("qwen2.5-0.5b", 24, 2, 64, 494_032_768, 32768, "Qwen2.5-0.5B: 14 query heads, 2 KV heads"),
     ModelShape("qwen2.5-7b", 28, 4, 128, 7_615_616_512, 32768, "Qwen2.5-7B: 28 query heads, 4 KV heads"),
     ModelShape("qwen2.5-14b", 48, 8, 128, 14_770_033_664, 32768, "Qwen2.5-14B: 40 query heads, 8 KV heads"),
@@ -79,6 +97,7 @@ def shape_from_config(folder: str | Path) -> ModelShape:
     if not (isinstance(layers, int) and isinstance(heads, int) and (cfg.get("head_dim") or hidden)):
         raise ValueError(f"{str(path)!r} does not describe a decoder (num_hidden_layers, num_attention_heads "
                          "and hidden_size are needed); give --layers, --kv-heads and --head-dim instead")
+    window, num_sliding = _sliding_layers(cfg, layers)
     return ModelShape(
         name=str(folder),
         num_layers=layers,
@@ -87,7 +106,26 @@ def shape_from_config(folder: str | Path) -> ModelShape:
         num_params=_params_on_disk(path.parent),
         max_position_embeddings=cfg.get("max_position_embeddings", cfg.get("n_positions", 0)) or 0,
         note=f"from {path}",
+        sliding_window=window,
+        num_sliding_layers=num_sliding,
     )
+
+
+def _sliding_layers(cfg: dict, num_layers: int) -> tuple[int, int]:
+    """(window, how many layers have it) from a config: ``layer_types`` where given (transformers 5),
+    else Gemma 3's ``sliding_window_pattern`` (every n-th layer full), else every layer, unless
+    ``use_sliding_window`` is false (Qwen 2 keeps a window in its config that it does not use)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        count = sum(1 for t in types if t == "sliding_attention")
+    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 0:
+        count = num_layers - num_layers // cfg["sliding_window_pattern"]
+    else:
+        count = num_layers
+    return (window, count) if count else (0, 0)
 
 
 def _params_on_disk(folder: Path) -> int:
@@ -127,6 +165,9 @@ class Plan:
     paged_bytes_per_request: int
     static_waste: float  # share of a static reservation an average request leaves unused
     paged_waste: float  # share of a request's last-block slack in its pages
+    sliding_window: int = 0  # 0: every layer keeps every token
+    num_sliding_layers: int = 0
+    sliding_blocks_per_request: int = 0  # what a sliding layer holds of blocks_per_request
     gpu_mem: int | None = None
     weights: int | None = None
     weights_source: str = ""
@@ -151,16 +192,27 @@ def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = N
         raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, fp16, bf16, fp8")
     if avg_len > max_len:
         raise ValueError(f"--avg-len {avg_len} is above --max-len {max_len}; the average cannot exceed the maximum")
+    if shape.num_sliding_layers > shape.num_layers:
+        raise ValueError(f"{shape.num_sliding_layers} sliding-window layers is more than the model's "
+                         f"{shape.num_layers} layers; give --sliding-layers at most --layers")
     nbytes = DTYPE_BYTES[dtype]
-    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * nbytes
+    per_layer = 2 * shape.num_kv_heads * shape.head_dim * nbytes  # one token in one layer
+    per_token = shape.num_layers * per_layer
     blocks = -(-avg_len // block_size)  # ceil: the last block may be partly filled
+    window, sliding = (shape.sliding_window, shape.num_sliding_layers) if shape.sliding_window else (0, 0)
+    full = shape.num_layers - sliding
+    sliding_blocks = min(blocks, -(-window // block_size) + 1) if sliding else 0
+    static_tokens = full * max_len + sliding * min(max_len, window)  # token slots x layers
+    paged_pages = full * blocks + sliding * sliding_blocks  # one layer's pages
     plan = Plan(
         model=shape.name, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
         head_dim=shape.head_dim, dtype=dtype, dtype_bytes=nbytes, kv_bytes_per_token=per_token,
         block_size=block_size, kv_bytes_per_block=per_token * block_size, max_len=max_len, avg_len=avg_len,
-        static_bytes_per_request=max_len * per_token, blocks_per_request=blocks,
-        paged_bytes_per_request=blocks * block_size * per_token,
-        static_waste=1 - avg_len / max_len, paged_waste=1 - avg_len / (blocks * block_size),
+        static_bytes_per_request=static_tokens * per_layer, blocks_per_request=blocks,
+        paged_bytes_per_request=paged_pages * block_size * per_layer,
+        static_waste=1 - (full * min(avg_len, max_len) + sliding * min(avg_len, window)) / static_tokens,
+        paged_waste=1 - (full * avg_len + sliding * min(avg_len, window)) / (paged_pages * block_size),
+        sliding_window=window, num_sliding_layers=sliding, sliding_blocks_per_request=sliding_blocks,
     )
     if gpu_mem is None:
         return plan
@@ -182,7 +234,7 @@ def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = N
     plan.kv_budget_tokens = plan.kv_budget_blocks * block_size
     plan.static_max_requests = budget // plan.static_bytes_per_request
     # floor(floor(budget / block) / blocks) == floor(budget / (blocks x block)): whole blocks per request
-    plan.paged_max_requests = plan.kv_budget_blocks // blocks
+    plan.paged_max_requests = budget // plan.paged_bytes_per_request
     if plan.static_max_requests:
         plan.ratio = plan.paged_max_requests / plan.static_max_requests
     return plan
@@ -206,9 +258,15 @@ def render(plan: Plan, note: str = "") -> str:
     lines.append(f"KV per token     2 x {p.num_layers} layers x {p.num_kv_heads} KV heads x {p.head_dim} head dim "
                  f"x {p.dtype_bytes} B ({p.dtype}) = {p.kv_bytes_per_token:,} B = {fmt_bytes(p.kv_bytes_per_token)}")
     lines.append(f"KV per block     {p.block_size} tokens = {fmt_bytes(p.kv_bytes_per_block)}")
+    if p.num_sliding_layers:
+        lines.append(f"sliding window   {p.num_sliding_layers} of {p.num_layers} layers read only the last "
+                     f"{p.sliding_window} tokens: static keeps min(max-len, {p.sliding_window}) slots there, "
+                     f"paged at most {p.sliding_blocks_per_request} blocks (the rest go back to the pool)")
     lines.append(f"static request   max-len {p.max_len} tokens reserved = {fmt_bytes(p.static_bytes_per_request)}"
                  f"  ({p.static_waste:.0%} unused at avg {p.avg_len})")
-    lines.append(f"paged request    avg {p.avg_len} tokens -> {p.blocks_per_request} blocks x {p.block_size} = "
+    blocks = f"{p.blocks_per_request} blocks" + (
+        f" ({p.sliding_blocks_per_request} in the sliding layers)" if p.num_sliding_layers else "")
+    lines.append(f"paged request    avg {p.avg_len} tokens -> {blocks} x {p.block_size} = "
                  f"{fmt_bytes(p.paged_bytes_per_request)}  ({p.paged_waste:.1%} last-block slack)")
     if p.kv_budget is None:
         lines += ["", "add --gpu-mem (e.g. --gpu-mem 40GiB --weights 14GiB --reserve 4GiB) for concurrency"]

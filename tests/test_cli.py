@@ -348,3 +348,18 @@ def test_run_refuses_a_folder_without_a_causal_lm_before_any_work(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not give the model's size" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_plan_with_a_sliding_window(capsys):
+    args = ["plan", "--layers", "42", "--kv-heads", "8", "--head-dim", "256", "--dtype", "bf16", "--max-len", "32768",
+            "--avg-len", "32768", "--gpu-mem", "80GiB", "--weights", "0"]
+    assert main([*args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--sliding-window", "4096", "--sliding-layers", "21", "--json"]) == 0
+    sliding = json.loads(capsys.readouterr().out)
+    assert (sliding["sliding_window"], sliding["num_sliding_layers"]) == (4096, 21)
+    assert sliding["paged_max_requests"] > plain["paged_max_requests"]
+    assert main(["plan", "--model", "gemma-2-9b"]) == 0
+    assert "21 of 42 layers read only the last 4096 tokens" in capsys.readouterr().out
+    assert main(["plan", "--model", "llama-7b", "--sliding-layers", "4"]) == 2
+    assert "--sliding-layers needs --sliding-window" in capsys.readouterr().err

@@ -131,6 +131,44 @@ def test_fmt_bytes():
 
 def test_every_known_model_plans():
     for name, shape in KNOWN_MODELS.items():
-        p = make_plan(shape, dtype="bf16", gpu_mem=1024 * GiB, reserve=0)
+        p = make_plan(shape, dtype="bf16", gpu_mem=1024 * GiB, reserve=0, weights=shape.num_params * 2 or GiB)
         assert p.kv_bytes_per_token == 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2, name
         assert p.paged_max_requests >= p.static_max_requests >= 1, name
+        assert (p.num_sliding_layers > 0) == (name in ("mistral-7b", "gemma-2-9b", "gpt-oss-20b")), name
+
+
+def test_sliding_window_layers_hold_only_their_window():
+    """Gemma-2-9B-shaped: 21 of 42 layers read the last 4096 tokens. At 32k tokens a static cache keeps
+    4096 slots in those layers and a paged engine 257 blocks of 16 (the window plus one straddled block)."""
+    shape = ModelShape("g2", 42, 8, 256, sliding_window=4096, num_sliding_layers=21)
+    p = make_plan(shape, dtype="bf16", gpu_mem=80 * GiB, weights=0, max_len=32768, avg_len=32768, block_size=16)
+    per_layer = 2 * 8 * 256 * 2
+    assert p.kv_bytes_per_token == 42 * per_layer  # the every-layer figure is still what one token costs
+    assert p.static_bytes_per_request == (21 * 32768 + 21 * 4096) * per_layer
+    assert p.blocks_per_request == 2048 and p.sliding_blocks_per_request == 4096 // 16 + 1
+    assert p.paged_bytes_per_request == (21 * 2048 + 21 * 257) * 16 * per_layer
+    assert p.paged_max_requests == (80 * GiB) // p.paged_bytes_per_request
+    plain = make_plan(ModelShape("g2-full", 42, 8, 256), dtype="bf16", gpu_mem=80 * GiB, weights=0,
+                      max_len=32768, avg_len=32768, block_size=16)
+    assert p.paged_max_requests > 1.7 * plain.paged_max_requests  # about half the cache
+    assert "21 of 42 layers read only the last 4096 tokens" in render(p)
+    # a short request never reaches the window: the same blocks as without one
+    short = make_plan(shape, avg_len=100, max_len=2048)
+    assert short.sliding_blocks_per_request == short.blocks_per_request == 7
+
+
+def test_sliding_layers_from_config(tmp_path):
+    base = {"num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+    cases = [
+        ({"sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, (512, 5)),
+        ({"sliding_window": 512, "sliding_window_pattern": 3}, (512, 4)),  # layers 2 and 5 are full
+        ({"sliding_window": 4096}, (4096, 6)),  # Mistral: every layer
+        ({"sliding_window": 4096, "use_sliding_window": False}, (0, 0)),  # Qwen 2: a window it does not use
+        ({"sliding_window": None}, (0, 0)),
+    ]
+    for extra, expected in cases:
+        (tmp_path / "config.json").write_text(json.dumps({**base, **extra}))
+        shape = shape_from_config(tmp_path)
+        assert (shape.sliding_window, shape.num_sliding_layers) == expected, extra
+    with pytest.raises(ValueError, match="--sliding-layers at most --layers"):
+        make_plan(ModelShape("x", 4, 2, 8, sliding_window=16, num_sliding_layers=5))
