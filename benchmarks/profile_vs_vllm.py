@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--threads", type=int, default=None, help="kvscope's intra-op threads (default: torch's)")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--no-vllm", action="store_true", help="profile kvscope only")
+    p.add_argument("--quick", action="store_true", help="llama-quick and 8 requests, kvscope only (the smoke test)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.requests, args.no_vllm = "llama-quick", 8, True
     if args.threads:
         torch.set_num_threads(args.threads)
     model, label = build_model(args.model)
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvscope per step ({len(steps)} steps), seconds: "
               + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
 
+        if args.no_vllm:
+            return 0
         if vllm_python() is None:
             print("vllm: skipped, no vLLM virtualenv (make one with `.ci/vllm-env`)")
             return 0

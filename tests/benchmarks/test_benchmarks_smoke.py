@@ -120,3 +120,30 @@ def test_speculative_quick():
     ratios = [re.match(r"RATIO (ngram|draft)/off (extractive|open|random) batch=(\d+) = ([0-9.]+)x", line)
               for line in lines[-8:]]
     assert all(ratios), f"the last lines are not the ratios:\n{lines[-9:]}"
+
+
+def test_profile_vs_vllm_quick():
+    lines = run_benchmark("profile_vs_vllm.py")
+    text = "\n".join(lines)
+    assert re.search(r"^## kvscope: \d+ tokens in [0-9.]+ s", text, re.M), text
+    shares = [int(m) for m in re.findall(r"^\| (?:gemm|attention|copies / gathers|sampling|elementwise|other) "
+                                         r"\| [0-9.]+ \| (\d+)% \|$", text, re.M)]
+    assert len(shares) >= 3 and 95 <= sum(shares) <= 105, text  # the categories split the op time
+    assert re.search(r"^kvscope per step \(\d+ steps\), seconds: schedule [0-9.]+", text, re.M), text
+
+
+def test_self_times_subtract_nested_ops():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_vs_vllm import category, self_times
+
+    def op(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    trace = {"traceEvents": [op("aten::linear", 0, 10), op("aten::addmm", 1, 8), op("aten::copy_", 2, 3),
+                             op("aten::mul", 20, 5), op("aten::mul", 100, 1, tid=2)]}
+    own, covered, span = self_times(trace)
+    assert own == {"aten::linear": 2, "aten::addmm": 5, "aten::copy_": 3, "aten::mul": 5}  # the busiest thread
+    assert (covered, span) == (15, 25)
+    assert [category(n) for n in ("mkldnn::_linear_pointwise", "_C::cpu_attention_with_kv_cache",
+                                  "aten::index_select", "aten::argmax", "aten::silu", "aten::view")] == \
+        ["gemm", "attention", "copies / gathers", "sampling", "elementwise", "other"]
