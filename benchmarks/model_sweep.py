@@ -128,6 +128,9 @@ def _run_type(model_type: str) -> Outcome:
     text = model.config.get_text_config()
     try:  # the prompts need 50 positions; a shorter max_model_len than the model's is what users pass too
         engine = Engine(model, max_model_len=min(MAX_MODEL_LEN, max_positions(text)), **ENGINE)
+        if engine.kv_config.num_groups > 1:  # a hybrid's block id holds a page in only 1/groups of its layers:
+            engine = Engine(model, max_model_len=engine.max_model_len,  # the same memory as the others
+                            **{**ENGINE, "num_blocks": ENGINE["num_blocks"] * engine.kv_config.num_groups})
     except UnsupportedModelError as exc:
         return Outcome(model_type, "refused", exc.reason)
     except Exception as exc:

@@ -1,12 +1,14 @@
 """Paged-KV kernels and the choice between them.
 
-Two backends share one signature (see ``reference.py`` for the layout):
+Three backends share one signature (see ``reference.py`` for the layout):
 
-- ``"torch"``: plain torch (``reference.py``), the CPU path;
+- ``"torch"``: plain torch (``reference.py``, ``torch_paged.py``), the reference CPU path;
+- ``"cpu"``: the torch path with a C++ decode-attention kernel built at run time (``cpu_paged.py``);
 - ``"triton"``: Triton kernels (``store_kv.py``, ``paged_attention.py``), the CUDA path. On CPU tensors
   they run only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check them.
 
-``resolve_backend("auto", device)`` picks Triton on CUDA and torch elsewhere.
+``resolve_backend("auto", device)`` picks Triton on CUDA, and elsewhere ``"cpu"`` where its kernel
+builds, else ``"torch"``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from typing import Any
 
 import torch
 
-from . import reference, torch_paged
+from . import cpu_paged, reference, torch_paged
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +43,24 @@ def triton_interpreter_on() -> bool:
 
 
 def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:
-    """Return the kernels for ``name`` ("auto", "torch" or "triton") on ``device``, or explain why not."""
+    """Return the kernels for ``name`` ("auto", "torch", "cpu" or "triton") on ``device``, or explain why not."""
     device = torch.device(device)
     if name not in BACKENDS:
         raise ValueError(f"attention_backend={name!r} is not one of {BACKENDS}; pick one of them")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu" if cpu_paged.load() else "torch"
     if name == "torch":
         return KernelBackend(
             "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_paged.run_plan
+        )
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention_backend='cpu' runs on the CPU, not on {device.type}; use 'auto' or 'triton'")
+        if not cpu_paged.load():
+            raise ValueError("attention_backend='cpu': its C++ kernel could not be built (a C++ compiler and ninja "
+                             "are needed; the log says why); use attention_backend='torch'")
+        return KernelBackend(
+            "cpu", reference.store_kv, reference.paged_attention, cpu_paged.build_plan, cpu_paged.run_plan
         )
     if device.type != "cuda" and not triton_interpreter_on():
         raise ValueError(

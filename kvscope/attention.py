@@ -8,7 +8,10 @@ the runner sets around the forward pass (``use_metadata``), not through the mode
 arguments, which not every model hands down to its layers.
 
 The n-th attention call of a forward pass is *KV layer* n: its pages are ``meta.kv_caches[n]``, its
-kind (sliding window, chunk, sinks, softcap) is ``meta.layers[n]`` and its plan ``meta.plans[n]``.
+kind (sliding window, chunk, sinks, softcap) is ``meta.layers[n]`` and its plan ``meta.plans[n]``. With
+KV cache groups (a hybrid model, ``kvscope.kv_groups``) its pages are its group's slot, shared with the
+layers of the same rank in other groups, and it stores and reads through its group's slot mapping and
+block table (``meta.layer_group[n]``).
 ``kvscope.probe`` established at ``Engine()`` which calls a forward makes and what each passes, and
 refused the model if any of it is something these kernels do not implement.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
@@ -60,6 +63,11 @@ class AttentionMetadata:
     layers: tuple[LayerSpec, ...] = ()  # per KV layer: window, chunk, ...
     num_layer_calls: int = 0
     plans: list[AttentionPlan] | None = None  # per KV layer, one object per kind: built once per step
+    # KV cache groups (kvscope.kv_groups; empty with one group): per KV layer its group, and per group
+    # its slot mapping [T] and block table [B, max_blocks] (slot_mapping / block_tables are group 0's)
+    layer_group: tuple[int, ...] = ()
+    group_slot_mappings: list[torch.Tensor] = field(default_factory=list)
+    group_block_tables: list[torch.Tensor] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -123,7 +131,11 @@ def kvscope_attention(
     if sinks is not None:
         sinks = sink_logits(sinks, q.shape[0], q.shape[1])
     key_cache, value_cache = meta.kv_caches[index]
-    meta.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+    slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
+    if meta.layer_group:  # a hybrid model: this layer's group's table (its slot is kv_caches[index])
+        g = meta.layer_group[index]
+        slot_mapping, block_tables = meta.group_slot_mappings[g], meta.group_block_tables[g]
+    meta.backend.store_kv(k, v, key_cache, value_cache, slot_mapping)
     out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)  # [T, Hq, Dv] contiguous
     if meta.plans is not None:  # planned once per step by the runner, reused by every layer of a kind
         meta.backend.run_plan(meta.plans[index], q, key_cache, value_cache, scaling, out, k, v,
@@ -134,7 +146,7 @@ def kvscope_attention(
         q,
         key_cache,
         value_cache,
-        meta.block_tables,
+        block_tables,
         meta.query_start_loc,
         meta.seq_lens,
         scaling,

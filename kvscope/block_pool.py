@@ -18,6 +18,17 @@ equal the request's, and its parent must be exactly the block matched one positi
 object, same ``epoch``; the epoch changes whenever a block is evicted and reused). By induction the
 whole prefix is then equal token for token, so a hash collision can cost a cache miss but can never
 serve wrong KV.
+
+KV cache groups (``kvscope.kv_groups``): every group has its own block tables and its own prefix index
+in this one pool, keyed by ``(group, hash)`` (plain ``hash`` for group 0, as without groups), and a
+block remembers the group it was last allocated to (``KVBlock.group``). A sliding group's request drops
+blocks that left its window (``free(..., window=True)``, event ``"window_freed"`` when the last
+reference goes); they stay cached, findable by a later request's prefix lookup. The verification rule
+is unchanged in every group: a hit chain must be indexed and verified from the sequence's first block,
+so a sliding group serves a prefix only while the whole chain is still cached, even the blocks outside
+the window that it then does not take (see ``KVCacheManager.get_computed_blocks``). This is stricter
+than vLLM, which looks up only the blocks inside the window, and keeps the by-induction argument whole:
+a block whose parent is unknown is never served.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from .telemetry.records import (
     BLOCK_FREED,
     BLOCK_HIT,
     BLOCK_RELEASED,
+    BLOCK_WINDOW_FREED,
     BlockEventListener,
 )
 
@@ -60,6 +72,12 @@ class KVBlock:
     parent: KVBlock | None = None  # the block before this one in the sequence it was cached from
     parent_epoch: int = 0
     epoch: int = 0  # bumped each time the block's cached contents are dropped
+    group: int = 0  # the KV cache group it was last allocated to (kvscope.kv_groups)
+
+
+def cache_key(group: int, value: int) -> int | tuple[int, int]:
+    """The prefix index's key of a hash in a group (the bare hash in group 0)."""
+    return value if group == 0 else (group, value)
 
 
 class FreeBlockQueue:
@@ -104,13 +122,15 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached: dict[int, KVBlock] = {}  # hash value -> block
+        self.cached: dict[int | tuple[int, int], KVBlock] = {}  # cache_key(group, hash value) -> block
         self.listeners: list[BlockEventListener] = []
         self.hash_fn = hash_block_tokens
         # counters (tokens, like vLLM's prefix_cache_queries / prefix_cache_hits)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_evictions = 0
+        self.num_window_freed_blocks = 0  # cumulative: blocks whose last holder dropped them (window)
+        self.used_per_group: dict[int, int] = {}  # KV cache group -> its blocks with ref_cnt > 0
 
     # ---- state -------------------------------------------------------------------------------
     @property
@@ -130,8 +150,8 @@ class BlockPool:
             listener(kind, block_id)
 
     # ---- allocation ----------------------------------------------------------------------------
-    def allocate(self, n: int) -> list[KVBlock]:
-        """Take ``n`` free blocks (evicting cached ones if needed) with ``ref_cnt = 1``."""
+    def allocate(self, n: int, group: int = 0) -> list[KVBlock]:
+        """Take ``n`` free blocks (evicting cached ones if needed) with ``ref_cnt = 1`` for ``group``."""
         if n > len(self.free_queue):
             raise RuntimeError(f"asked for {n} blocks but only {len(self.free_queue)} are free")
         out = []
@@ -140,7 +160,9 @@ class BlockPool:
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
+            block.group = group
             out.append(block)
+            self.used_per_group[group] = self.used_per_group.get(group, 0) + 1
             if self.listeners:
                 self._emit(BLOCK_ALLOCATED, block.block_id)
         return out
@@ -148,8 +170,9 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             raise RuntimeError(f"block {block.block_id} was evicted but holds no cached contents")
-        if self.cached.get(block.block_hash.value) is block:
-            del self.cached[block.block_hash.value]
+        key = cache_key(block.group, block.block_hash.value)
+        if self.cached.get(key) is block:
+            del self.cached[key]
         block.block_hash = None
         block.parent = None
         block.epoch += 1
@@ -162,21 +185,26 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
+                self.used_per_group[block.group] = self.used_per_group.get(block.group, 0) + 1
             block.ref_cnt += 1
             if self.listeners:
                 self._emit(BLOCK_HIT, block.block_id)
 
-    def free(self, blocks: Iterable[KVBlock]) -> None:
+    def free(self, blocks: Iterable[KVBlock], window: bool = False) -> None:
         """Drop one reference from each block. Pass a sequence's blocks tail first, so that its tail is
-        evicted before its prefix (the prefix is the part other requests are likely to share)."""
+        evicted before its prefix (the prefix is the part other requests are likely to share).
+        ``window``: the blocks left a sliding window (their last release is a ``"window_freed"``)."""
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"block {block.block_id} freed more often than allocated (ref_cnt 0)")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
+                self.used_per_group[block.group] -= 1
+                if window:
+                    self.num_window_freed_blocks += 1
                 if self.listeners:
-                    self._emit(BLOCK_FREED, block.block_id)
+                    self._emit(BLOCK_WINDOW_FREED if window else BLOCK_FREED, block.block_id)
             elif self.listeners:
                 self._emit(BLOCK_RELEASED, block.block_id)
 
@@ -192,12 +220,13 @@ class BlockPool:
             chain.append(BlockHash(parent, tokens))
         return chain
 
-    def find_cached_prefix(self, hashes: list[BlockHash]) -> list[KVBlock]:
-        """Longest verified run of cached blocks matching ``hashes`` from the start (see module doc)."""
+    def find_cached_prefix(self, hashes: list[BlockHash], group: int = 0) -> list[KVBlock]:
+        """Longest verified run of ``group``'s cached blocks matching ``hashes`` from the start (see
+        module doc)."""
         hits: list[KVBlock] = []
         prev: KVBlock | None = None
         for h in hashes:
-            block = self.cached.get(h.value)
+            block = self.cached.get(cache_key(group, h.value))
             if block is None or block.block_hash is None or block.block_hash.token_ids != h.token_ids:
                 break
             if block.parent is not prev or (prev is not None and block.parent_epoch != prev.epoch):
@@ -207,14 +236,15 @@ class BlockPool:
         return hits
 
     def cache_block(self, block: KVBlock, block_hash: BlockHash, parent: KVBlock | None) -> None:
-        """Make a full, used block findable. If a valid block already holds this hash, the first one
-        stays in the index and this one stays uncached (it is freed as empty later); so does a block
-        whose parent is not findable, since no lookup could ever reach it."""
+        """Make a full, used block findable in its group's index. If a valid block already holds this
+        hash, the first one stays in the index and this one stays uncached (it is freed as empty later);
+        so does a block whose parent is not findable, since no lookup could ever reach it."""
         if not self.enable_caching or block.block_hash is not None:
             return
         if parent is not None and not self._is_indexed(parent):
             return
-        existing = self.cached.get(block_hash.value)
+        key = cache_key(block.group, block_hash.value)
+        existing = self.cached.get(key)
         if existing is not None:
             if self._is_valid(existing):
                 return
@@ -222,12 +252,13 @@ class BlockPool:
         block.block_hash = block_hash
         block.parent = parent
         block.parent_epoch = parent.epoch if parent is not None else 0
-        self.cached[block_hash.value] = block
+        self.cached[key] = block
         if self.listeners:
             self._emit(BLOCK_CACHED, block.block_id)
 
     def _is_indexed(self, block: KVBlock) -> bool:
-        return block.block_hash is not None and self.cached.get(block.block_hash.value) is block
+        h = block.block_hash
+        return h is not None and self.cached.get(cache_key(block.group, h.value)) is block
 
     def _is_valid(self, block: KVBlock) -> bool:
         parent = block.parent
@@ -237,8 +268,9 @@ class BlockPool:
         """Forget cached contents that turned out invalid (a forward pass failed before writing them)."""
         for block in blocks:
             if block.block_hash is not None:
-                if self.cached.get(block.block_hash.value) is block:
-                    del self.cached[block.block_hash.value]
+                key = cache_key(block.group, block.block_hash.value)
+                if self.cached.get(key) is block:
+                    del self.cached[key]
                 if block.ref_cnt == 0:  # move it from the cached part of the queue to the empty part
                     self.free_queue.remove(block)
                     block.block_hash = None

@@ -234,9 +234,9 @@ class EngineConfig:
                                        must=f"an integer >= 2 {below} (or None: the model's)")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "telemetry", "merge_projections"):
             setattr(self, name, check_bool(name, getattr(self, name)))
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(
-                f"attention_backend={self.attention_backend!r} must be 'auto', 'torch' or 'triton'"
+                f"attention_backend={self.attention_backend!r} must be 'auto', 'torch', 'cpu' or 'triton'"
             )
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ValueError(f"linear_backend={self.linear_backend!r} must be one of {LINEAR_BACKENDS}")

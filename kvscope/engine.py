@@ -18,6 +18,7 @@ from .fusion import accelerate
 from .generate import GenerateMixin, Prompt
 from .kernels import resolve_backend
 from .kv_cache_manager import KVCacheManager
+from .kv_groups import plan_kv_cache_groups
 from .models import load_model
 from .probe import probe_model
 from .request import Request, RequestOutput, RequestStatus, SamplingParams, StreamDelta, next_request_id
@@ -89,11 +90,15 @@ class Engine(GenerateMixin):
         # the runner calls the model through its fast GEMMs (fusion.py); the model object is unchanged
         runner_model, self.fused_linears = accelerate(self.model, config.linear_backend, config.merge_projections,
                                                       self.device, dtype)
-        self.runner = ModelRunner(runner_model, self.spec, config.block_size, 1, backend, self.device)
+        # KV cache groups (kv_groups.py): one unless the model mixes windows; fallback_reason says why
+        # a windowed model runs as one group that keeps every block
+        self.kv_config = plan_kv_cache_groups(self.spec.layers) if self.spec.layers else None
+        self.runner = ModelRunner(runner_model, self.spec, config.block_size, 1, backend, self.device,
+                                  self.kv_config)
         num_blocks = resolve_num_blocks(config, self.spec, self.runner, self.max_model_len)
         self.runner.allocate_kv(num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.kv = KVCacheManager(self.pool)
+        self.kv = KVCacheManager(self.pool, self.kv_config, config.max_num_batched_tokens)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, _eos_ids(model, tokenizer))
         self.speculator: Speculator | None = None  # speculative decoding (spec_decode/), when configured
         if config.speculative_config is not None:

@@ -42,7 +42,11 @@ def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num
             item.num_draft_tokens = len(drafts[request.request_id])
             item.num_accepted_tokens = len(accepted.get(request.request_id, ())) if accepted else 0
         scheduled.append(item)
-        tables.append(request.block_ids)
+        if request.extra_block_ids:  # a hybrid model: its groups' tables, interleaved (ScheduledItem)
+            item.num_kv_groups = 1 + len(request.extra_block_ids)
+            tables.append(_interleave(request.block_tables) if request.block_ids else [])
+        else:
+            tables.append(request.block_ids)
     admitted = []
     if sched.admitted:
         new_tokens = {id(r): n for r, n in zip(sched.requests, sched.num_tokens)}
@@ -57,6 +61,11 @@ def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num
         ]
     preempted = [RequestProgress(r.request_id, r.num_prompt_tokens, r.num_output_tokens) for r in sched.preempted]
     return BatchSummary(step, scheduled, tables, admitted, preempted, num_finished, spec)
+
+
+def _interleave(tables: list[list[int]]) -> list[int]:
+    """Entry ``j * G + g`` = block ``j`` of group ``g`` (every group's table has the same length)."""
+    return [b for column in zip(*tables) for b in column]
 
 
 def wrap_backend(runner: ModelRunner, wrap: Callable[[str, Callable], Callable]) -> Callable[[], None]:
@@ -105,7 +114,7 @@ def run_metadata(
                              "speculative_config": speculative}),
         "spec": _jsonable(asdict(spec)),
         "kv_bytes_per_token": spec.kv_bytes_per_token,
-        "kv_bytes_per_block": spec.kv_bytes_per_block(config.block_size),
+        "kv_bytes_per_block": runner.kv_bytes_per_block,  # a page in every slot (groups share slots)
         "max_model_len": spec.max_model_len,
         "num_blocks": runner.num_blocks,
         "block_size": config.block_size,
@@ -113,6 +122,8 @@ def run_metadata(
         "attention_backend": runner.backend.name,
         "weights_bytes": weights,
         "kv_pool_bytes": int(runner.kv_cache_bytes),
+        # KV cache groups (kvscope.kv_groups): layers per group, slots, padding, why a window is not freed
+        "kv_cache_groups": runner.kv_config.describe(),
         "created_unix_s": time.time(),
         "host": platform.node(),
         "python": platform.python_version(),

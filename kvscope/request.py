@@ -83,7 +83,9 @@ _request_counter = itertools.count()
 class Request:
     """One sequence: its tokens, where its KV lives, and how far the model has got.
 
-    ``num_computed_tokens`` counts tokens whose K/V are in the cache; ``block_ids`` is the block table.
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; ``block_ids`` is the block table
+    (of KV cache group 0; a hybrid model's other groups' tables are ``extra_block_ids``, and a sliding
+    group's entries that left the window are ``-1``, see ``kvscope.kv_groups``).
     When ``num_computed_tokens == num_tokens`` the next step decodes one token; below that it prefills.
     """
 
@@ -95,7 +97,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # KV cache group 0's; -1: left the window
+    extra_block_ids: list[list[int]] = field(default_factory=list)  # groups 1.. (hybrid models)
     block_hashes: list = field(default_factory=list)  # BlockHash per full block of all_token_ids
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first schedule; -1 until then
@@ -109,6 +112,11 @@ class Request:
         self.all_token_ids = list(self.prompt_token_ids)
         if self.sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        """The block table of every KV cache group (group 0's is ``block_ids``)."""
+        return [self.block_ids, *self.extra_block_ids]
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,6 +10,7 @@ import torch
 from .attention import AttentionMetadata, use_metadata
 from .config import LayerSpec, ModelSpec
 from .kernels import KernelBackend
+from .kv_groups import KVCacheConfig, single_group
 from .request import Request
 from .sampler import sample
 from .scheduler import SchedulerOutput
@@ -40,6 +41,7 @@ class ModelRunner:
         num_blocks: int,
         backend: KernelBackend,
         device: torch.device,
+        kv_config: KVCacheConfig | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -50,27 +52,40 @@ class ModelRunner:
         self.layers: tuple[LayerSpec, ...] = spec.layers or (
             LayerSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim),
         ) * spec.num_layers
+        # KV cache groups (kvscope.kv_groups): layer i lives in slot layer_slot[i], read through its
+        # group's block table; without groups every layer is its own slot of one group
+        self.kv_config = kv_config or single_group(len(self.layers))
+        self.kv_slots: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.allocate_kv(num_blocks)
 
-
     def allocate_kv(self, num_blocks: int) -> None:
-        """Per KV layer, K pages ``[num_blocks, block_size, num_kv_heads, head_dim]`` and V pages
-        ``[..., head_dim_v]`` of that layer's own shape, zeroed (so a masked-out page never holds NaN)."""
-        self.kv_caches = []  # free the old pages first
-        dev, dtype, bs = self.device, self.spec.dtype, self.block_size
-        self.kv_caches = [
+        """Per slot, K pages ``[num_blocks, block_size, num_kv_heads, head_dim]`` and V pages
+        ``[..., head_dim_v]`` of its layers' shape, zeroed (so a masked-out page never holds NaN);
+        ``kv_caches[i]`` is KV layer ``i``'s slot (the j-th layer of every group shares slot j)."""
+        self.kv_caches, self.kv_slots = [], []  # free the old pages first
+        dev, dtype, bs, cfg = self.device, self.spec.dtype, self.block_size, self.kv_config
+        shape_of = {}  # slot -> the first layer that uses it (all its layers have one page shape)
+        for i, slot in enumerate(cfg.layer_slot):
+            shape_of.setdefault(slot, self.layers[i])
+        self.kv_slots = [
             (
                 torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.head_dim), dtype=dtype, device=dev),
                 torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.value_dim), dtype=dtype, device=dev),
             )
-            for layer in self.layers
+            for layer in (shape_of[j] for j in range(cfg.num_slots))
         ]
+        self.kv_caches = [self.kv_slots[slot] for slot in cfg.layer_slot]
         self.num_blocks = num_blocks
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_slots)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """What one block id holds: a page in every slot."""
+        return self.kv_cache_bytes // max(1, self.num_blocks)
 
     def prepare(self, sched: SchedulerOutput) -> ModelInput:
         """Pack the scheduled tokens: decodes (one token) first, then prefill chunks.
@@ -89,14 +104,22 @@ class ModelRunner:
         num_decodes = sum(1 for n in query_lens if n == 1)
 
         token_ids: list[int] = []
-        max_blocks = max(len(r.block_ids) for r in requests)
-        block_tables = np.zeros((len(requests), max_blocks), dtype=np.int64)  # [B, max_blocks]
+        num_groups = self.kv_config.num_groups
+        # per group: a request's table (one made without groups, e.g. sizing's, serves every group)
+        tables = [[t[g] if len(t) > g else t[0] for t in (r.block_tables for r in requests)]
+                  for g in range(num_groups)]  # fmt: skip
+        max_blocks = max(len(t) for group in tables for t in group)
+        group_tables = np.zeros((num_groups, len(requests), max_blocks), dtype=np.int64)  # [G, B, max_blocks]
         spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
         for i, r in enumerate(requests):
             token_ids.extend(r.all_token_ids[starts[i] : starts[i] + query_lens[i]])
             if spec:
                 token_ids.extend(spec.get(r.request_id, ()))
-            block_tables[i, : len(r.block_ids)] = r.block_ids
+            for g in range(num_groups):
+                group_tables[g, i, : len(tables[g][i])] = tables[g][i]
+        # null entries (blocks that left a window, -1) point at block 0: the kernels never read keys
+        # before a query's window, and pages are zeroed or hold finite K/V, so masked scores add 0
+        np.maximum(group_tables, 0, out=group_tables)
 
         q_lens = np.asarray(query_lens, dtype=np.int64)  # [B]
         seq_lens = np.asarray(starts, dtype=np.int64) + q_lens  # [B]
@@ -106,7 +129,7 @@ class ModelRunner:
         seq_of_token = np.repeat(np.arange(len(requests)), q_lens)  # [T]
         positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + np.repeat(starts, q_lens)  # [T]
         bs = self.block_size
-        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs  # [T]
+        slot_mappings = group_tables[:, seq_of_token, positions // bs] * bs + positions % bs  # [G, T]
 
         # A request produces a token when this step reaches the end of everything it has.
         spec_drafts = None
@@ -126,22 +149,24 @@ class ModelRunner:
 
         dev = self.device
         seq_lens_list = seq_lens.tolist()
-        block_tables_t = torch.from_numpy(block_tables).to(dev)
-        layers = self.layers
+        group_tables_t = torch.from_numpy(group_tables).to(dev)  # [G, B, max_blocks]
+        block_tables_t = group_tables_t[0]
+        slot_mappings_t = torch.from_numpy(slot_mappings).to(dev)  # [G, T]
+        layers, layer_group = self.layers, self.kv_config.layer_group
         plans = None
-        if self.backend.build_plan is not None:  # one plan per kind of layer, shared by its layers
+        if self.backend.build_plan is not None:  # one plan per (group, kind of layer), shared by its layers
             by_kind = {}
-            for layer in layers:
-                if layer.kind not in by_kind:
-                    by_kind[layer.kind] = self.backend.build_plan(
-                        block_tables_t, query_lens, seq_lens_list, num_decodes, bs,
+            for layer, g in zip(layers, layer_group):
+                if (g, layer.kind) not in by_kind:
+                    by_kind[g, layer.kind] = self.backend.build_plan(
+                        group_tables_t[g], query_lens, seq_lens_list, num_decodes, bs,
                         layer.num_heads // layer.num_kv_heads, self.spec.dtype,
                         layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
                         chunk=layer.attention_chunk, exact=bool(layer.softcap) or layer.sinks,
                     )
-            plans = [by_kind[layer.kind] for layer in layers]
+            plans = [by_kind[g, layer.kind] for layer, g in zip(layers, layer_group)]
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            slot_mapping=slot_mappings_t[0],
             block_tables=block_tables_t,
             query_start_loc=torch.from_numpy(query_start_loc).to(dev, torch.int32),
             seq_lens=torch.from_numpy(seq_lens).to(dev, torch.int32),
@@ -152,6 +177,9 @@ class ModelRunner:
             backend=self.backend,
             layers=layers,
             plans=plans,
+            layer_group=layer_group if num_groups > 1 else (),
+            group_slot_mappings=list(slot_mappings_t) if num_groups > 1 else [],
+            group_block_tables=list(group_tables_t) if num_groups > 1 else [],
         )
         return ModelInput(
             input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],

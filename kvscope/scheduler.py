@@ -22,6 +22,10 @@ budget; their KV slots are allocated like any token's (never offered to the pref
 pool cannot hold them the drafts are dropped before anyone is preempted. ``update_from_output`` keeps
 the accepted drafts, moves ``num_computed_tokens`` back past the rejected ones and gives back the
 blocks that held only rejected drafts (``KVCacheManager.trim``).
+
+Sliding windows: ``KVCacheManager.allocate_slots`` first gives back the blocks of a running request
+that left the window of every layer reading them (from ``num_computed_tokens``, never counting drafts),
+so a long request on a windowed model holds about ``window / block_size`` blocks per sliding group.
 """
 
 from __future__ import annotations
@@ -141,7 +145,7 @@ class Scheduler:
                     request,
                     out,
                     (
-                        f"request {request.request_id} needs {-(-final_len // bs)} blocks of {bs} tokens "
+                        f"request {request.request_id} needs {self.kv.num_blocks_needed(final_len)} blocks of {bs} tokens "
                         f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
                         "raise num_blocks / kv_cache_memory, or lower max_tokens"
                     ),
@@ -272,13 +276,16 @@ class Scheduler:
         """Queue lengths, pool counts and prefix-cache counters now, in O(running requests).
 
         ``tokens_stored``: every used block sits in the table of at least one running request, the
-        blocks of a running request cover exactly its computed tokens, and only full blocks are ever
-        shared, so each extra holder of a shared block over-counts exactly ``block_size`` tokens.
+        table of a running request covers exactly its computed tokens in each of the ``G`` KV cache
+        groups, and only full blocks are ever shared, so each extra holder of a shared block
+        over-counts exactly ``block_size`` tokens; so does each null entry (a full block that left a
+        sliding window), counted in the table's length but held by nobody.
         """
         pool, running = self.kv.pool, self.running
         used = pool.num_used_blocks
-        computed = sum(r.num_computed_tokens for r in running)
-        table_entries = sum(len(r.block_ids) for r in running)
+        groups = self.kv.num_groups
+        computed = groups * sum(r.num_computed_tokens for r in running)
+        table_entries = sum(len(r.block_ids) + sum(map(len, r.extra_block_ids)) for r in running)
         return SchedulerStats(
             num_running=len(running),
             num_waiting=len(self.waiting),
@@ -289,6 +296,8 @@ class Scheduler:
             prefix_cache_queries=pool.prefix_cache_queries,
             prefix_cache_hits=pool.prefix_cache_hits,
             num_evictions=pool.num_evictions,
+            num_window_freed_blocks=pool.num_window_freed_blocks,
+            blocks_used_per_group=[pool.used_per_group.get(g, 0) for g in range(groups)],
         )
 
     def finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:

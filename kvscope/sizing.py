@@ -51,7 +51,7 @@ def resolve_num_blocks(config: EngineConfig, spec: ModelSpec, runner: ModelRunne
     """``num_blocks`` if given, else a KV budget (``kv_cache_memory``; on a GPU the free memory after
     a profiling pass; on the CPU enough for ``max_num_seqs`` full-length sequences, capped) in blocks."""
     bs = config.block_size
-    per_block = spec.kv_bytes_per_block(bs)
+    per_block = runner.kv_bytes_per_block  # a page in every KV slot (hybrid groups share slots: kv_groups)
     if config.num_blocks is not None:
         if runner.device.type == "cpu":  # refused before allocating, not by the OOM killer mid-run
             check_kv_fits(config.num_blocks, per_block, f"num_blocks={config.num_blocks}")
@@ -62,7 +62,8 @@ def resolve_num_blocks(config: EngineConfig, spec: ModelSpec, runner: ModelRunne
         budget = cuda_kv_budget(config, runner, max_model_len)
         source = f"{config.gpu_memory_utilization:.0%} of free GPU memory"
     else:
-        needed = config.max_num_seqs * cdiv(max_model_len, bs) * per_block
+        # every layer's pages for every token: an upper bound on what the sequences hold, grouped or not
+        needed = config.max_num_seqs * cdiv(max_model_len, bs) * spec.kv_bytes_per_block(bs)
         budget, source = min(DEFAULT_CPU_KV_BYTES, needed), "the CPU default"
     num_blocks = budget // per_block
     if num_blocks < 1:

@@ -23,6 +23,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_sessionstart(session):
+    """Build the CPU backend's C++ kernel once, before any test (the first build takes ~30 s; later
+    processes, the kernels and CLIs the tests start included, load it from torch's extension cache)."""
+    from kvscope.kernels import cpu_paged
+
+    cpu_paged.load()
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

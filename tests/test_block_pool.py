@@ -156,3 +156,30 @@ def test_every_reference_change_is_an_event():
     pool.free(blocks)
     assert events == [("allocated", 0), ("cached", 0), ("hit", 0), ("released", 0), ("freed", 0)]
     assert pool.num_cached_free_blocks == 1
+
+
+def test_groups_have_their_own_prefix_index_and_window_frees_are_reported():
+    from kvscope.block_pool import BlockPool, cache_key
+    from kvscope.telemetry.records import BLOCK_FREED, BLOCK_RELEASED, BLOCK_WINDOW_FREED
+
+    pool = BlockPool(8, 2)
+    events = []
+    pool.listeners.append(lambda kind, b: events.append((kind, b)))
+    hashes = pool.hash_blocks([1, 2, 3, 4], [])
+    a0, a1 = pool.allocate(2, group=0)
+    b0, b1 = pool.allocate(2, group=1)
+    assert pool.used_per_group == {0: 2, 1: 2} and b0.group == 1
+    pool.cache_block(a0, hashes[0], None)
+    pool.cache_block(b0, hashes[0], None)  # the same tokens in another group: its own entry
+    assert pool.cached[cache_key(0, hashes[0].value)] is a0 and pool.cached[(1, hashes[0].value)] is b0
+    assert pool.find_cached_prefix(hashes[:1], 1) == [b0] and pool.find_cached_prefix(hashes[:1]) == [a0]
+    pool.touch([b0])
+    events.clear()
+    pool.free([b0, b1], window=True)
+    assert events == [(BLOCK_RELEASED, b0.block_id), (BLOCK_WINDOW_FREED, b1.block_id)]
+    assert pool.num_window_freed_blocks == 1 and pool.used_per_group[1] == 1
+    pool.free([b0])
+    assert events[-1] == (BLOCK_FREED, b0.block_id) and pool.num_window_freed_blocks == 1
+    assert pool.find_cached_prefix(hashes[:1], 1) == [b0]  # freed but cached: still findable in its group
+    pool.free([a1, a0])
+    assert pool.num_free_blocks == 8 and pool.used_per_group == {0: 0, 1: 0}

@@ -5,6 +5,11 @@ reference count and whether it is cached from them alone) and, at the end of eac
 scheduled requests with their block tables. It looks only at the blocks the events named plus the
 blocks the step wrote into (each scheduled request's tail), so the cost per step is proportional to
 what changed, not to the pool size; only the occasional full snapshot walks every block.
+
+KV cache groups and sliding windows: a hybrid model's request hands in its groups' tables interleaved
+(``ScheduledItem.num_kv_groups``; entry ``j * G + g`` is block ``j`` of group ``g``), and an entry of
+``-1`` is a block that left a sliding window: the request no longer holds it (its last release came
+as ``"window_freed"``). ``group[b]`` is the group of the table block ``b`` last entered.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .records import (
     BLOCK_FREED,
     BLOCK_HIT,
     BLOCK_RELEASED,
+    BLOCK_WINDOW_FREED,
     FREE_PAGE,
     PageEntry,
     ScheduledItem,
@@ -41,6 +47,8 @@ class PageMapTracker:
         self.cached: list[bool] = [False] * n  # findable by the prefix cache, from the pool's events
         self.holders: dict[int, list[str]] = {}  # block id -> request ids holding it, oldest first
         self.tables: dict[str, list[int]] = {}  # request id -> its block table as attributed so far
+        self.group: list[int] = [0] * n  # KV cache group of each block (of the table it last entered)
+        self.live_from: dict[str, int] = {}  # request id -> first table row with no null entry seen
         self.dirty: set[int] = set(range(n))
         self.since_snapshot = self.snapshot_every  # the first update is a snapshot
 
@@ -54,7 +62,7 @@ class PageMapTracker:
             self.refs[block_id] += 1
         elif kind == BLOCK_CACHED:
             self.cached[block_id] = True
-        elif kind == BLOCK_FREED:
+        elif kind in (BLOCK_FREED, BLOCK_WINDOW_FREED):
             self.refs[block_id] = 0
         elif kind == BLOCK_RELEASED:
             self.refs[block_id] -= 1
@@ -65,16 +73,36 @@ class PageMapTracker:
 
     def forget(self, request_id: str) -> None:
         """The request finished or was preempted: it holds none of its blocks any more."""
+        self.live_from.pop(request_id, None)
         for b in self.tables.pop(request_id, ()):
-            holders = self.holders.get(b)
-            if holders is None:
-                continue
-            holders.remove(request_id)
-            if not holders:
-                del self.holders[b]  # the owner stays: a cached block shows whose tokens it holds
-            elif self.owner[b] == request_id:
-                self.owner[b] = holders[0]
-            self.dirty.add(b)
+            if b >= 0:
+                self._let_go(request_id, b)
+
+    def _let_go(self, request_id: str, b: int) -> None:
+        holders = self.holders.get(b)
+        if holders is None:
+            return
+        holders.remove(request_id)
+        if not holders:
+            del self.holders[b]  # the owner stays: a cached block shows whose tokens it holds
+        elif self.owner[b] == request_id:
+            self.owner[b] = holders[0]
+        self.dirty.add(b)
+
+    def _drop_nulls(self, rid: str, mine: list[int], table: list[int], groups: int) -> None:
+        """Let go of the blocks whose entries became null (left a window) since the last step. Null
+        entries are a prefix of each group's table, so this scans from the first row that had none."""
+        j = self.live_from.get(rid, 0)
+        while (j + 1) * groups <= len(mine):
+            row = range(j * groups, (j + 1) * groups)
+            if all(table[t] >= 0 for t in row):
+                break
+            for t in row:
+                if table[t] < 0 <= mine[t]:
+                    self._let_go(rid, mine[t])
+                    mine[t] = -1
+            j += 1
+        self.live_from[rid] = j
 
     def update(
         self, scheduled: Sequence[ScheduledItem], block_tables: Sequence[list[int]]
@@ -86,29 +114,34 @@ class PageMapTracker:
         for item, table in zip(scheduled, block_tables):
             if not table:  # finished this step: its blocks were freed (and reported by the pool)
                 continue
-            rid, n = item.request_id, item.num_tokens
+            rid, n, groups = item.request_id, item.num_tokens, item.num_kv_groups
             computed = item.context_len  # already includes this step's tokens
             first_written = (computed - n) // bs
             mine = self.tables.setdefault(rid, [])
+            if min(table[:groups]) < 0:  # a window dropped blocks (null entries start at row 0)
+                self._drop_nulls(rid, mine, table, groups)
             if n == 1 and len(mine) == len(table):  # the common case: a decode into its tail block
                 j = (computed - 1) // bs
-                b = table[j]
-                filled[b] = computed - j * bs
-                dirty.add(b)
+                for b in table[j * groups : (j + 1) * groups]:
+                    filled[b] = computed - j * bs
+                    dirty.add(b)
                 continue
-            for j in range(len(mine), len(table)):  # blocks that entered its table this step
-                b = table[j]
+            for t in range(len(mine), len(table)):  # blocks that entered its table this step
+                b = table[t]
                 mine.append(b)
+                if b < 0:  # a prefix-cache hit's entry outside the window: never held
+                    continue
+                self.group[b] = t % groups
                 holders = all_holders.setdefault(b, [])
                 holders.append(rid)
                 if len(holders) == 1:
                     owner[b] = rid
                 dirty.add(b)
-                if j < first_written:  # a prefix-cache hit: a full block
+                if t // groups < first_written:  # a prefix-cache hit: a full block
                     filled[b] = bs
-            for j in range(first_written, min((computed - 1) // bs + 1, len(table))):
-                b = table[j]
-                filled[b] = min(bs, computed - j * bs)
+            for t in range(first_written * groups, min(((computed - 1) // bs + 1) * groups, len(table))):
+                b = table[t]
+                filled[b] = min(bs, computed - t // groups * bs)
                 dirty.add(b)
         changes: dict[int, PageEntry] = {}
         entries, entry_of = self.entries, self._entry

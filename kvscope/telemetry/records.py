@@ -27,10 +27,13 @@ PROFILE_CATEGORIES = ("attention", "matmul", "store_kv", "sampling", "other")
 # Block-pool events, ``listener(kind, block_id)``: the block was taken from the free pool with one
 # reference ("allocated"), got one more reference from a prefix-cache hit ("hit"), lost one but is
 # still held ("released"), lost its last one ("freed"), became findable by its hash ("cached"), or
-# had its cached contents dropped ("evicted"; also for a block that stays held).
+# had its cached contents dropped ("evicted"; also for a block that stays held). "window_freed": like
+# "freed", but its last holder dropped it because it left a sliding window (the request goes on; the
+# block stays cached if it was).
 BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED = "allocated", "hit", "released", "freed"
-BLOCK_CACHED, BLOCK_EVICTED = "cached", "evicted"
-BLOCK_EVENT_KINDS = (BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED, BLOCK_CACHED, BLOCK_EVICTED)
+BLOCK_CACHED, BLOCK_EVICTED, BLOCK_WINDOW_FREED = "cached", "evicted", "window_freed"
+BLOCK_EVENT_KINDS = (BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED, BLOCK_CACHED, BLOCK_EVICTED,
+                     BLOCK_WINDOW_FREED)
 BlockEventListener = Callable[[str, int], None]
 
 
@@ -63,6 +66,9 @@ class ScheduledItem:
     # of them were accepted and kept (its output tokens this step: 1 + num_accepted_tokens)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # KV cache groups (kvscope.kv_groups): the request's block table handed with it interleaves its
+    # groups' tables, entry ``j * num_kv_groups + g`` = block ``j`` of group ``g`` (-1: left the window)
+    num_kv_groups: int = 1
 
 
 @dataclass(slots=True)
@@ -235,6 +241,10 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
     prefix_cache_hits: int = 0  # cumulative prompt tokens found
     num_evictions: int = 0  # cumulative cached blocks reused for new content
+    # sliding windows (kvscope.kv_groups): cumulative blocks given back because they left the window of
+    # every layer that read them, and the blocks running requests hold in each KV cache group
+    num_window_freed_blocks: int = 0
+    blocks_used_per_group: list[int] = field(default_factory=list)
 
 
 class PhaseMarks(Protocol):

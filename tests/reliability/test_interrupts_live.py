@@ -90,7 +90,7 @@ def test_run_stop_during_a_profiling_window(tmp_path, after_items, after_referen
     assert_final_record_shows_all_freed(run)
     assert any(r.profile is not None for r in run.records), "the steps profiled before the stop are kept"
     assert engine.recorder.subscribers == [], "the profiler or the run still listens to the recorder"
-    assert engine.phase_marks.__class__.__name__ == "NullMarks" and engine.runner.backend.name == "torch"
+    assert engine.phase_marks.__class__.__name__ == "NullMarks" and engine.runner.backend.name in ("torch", "cpu")
     _check_files(run, files)
     assert_new_run_works(engine, after_items, after_reference)
 

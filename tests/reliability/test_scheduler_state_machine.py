@@ -8,6 +8,11 @@ With ``speculative`` on, requests ready to decode get random drafts before each 
 ``Speculator`` gives them), the fake forward writes the drafts' fingerprints too, and a random number of
 them is accepted: rejected drafts must be rolled back (tables cover exactly the computed tokens, every
 computed slot holds its own prefix) and never reach the prefix cache.
+
+With ``windows`` (KV cache groups, ``kvscope.kv_groups``): one sliding group, or a full group and a
+sliding one sharing the pool. Every group's table is checked the same way; a sliding group's null
+entries must be only blocks that no later query reads, and every slot a query can still read must
+hold its own prefix.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from hypothesis.stateful import (
 from kvscope.block_pool import BlockPool
 from kvscope.config import EngineConfig, cdiv
 from kvscope.kv_cache_manager import KVCacheManager
+from kvscope.kv_groups import NULL_BLOCK, KVCacheConfig, KVCacheGroupSpec
 from kvscope.request import Request, RequestStatus, SamplingParams
 from kvscope.scheduler import Scheduler
 
@@ -43,8 +49,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         chunked=st.booleans(),
         weak_hash=st.sampled_from([None, "constant", "ignores-prefix", "mod-7"]),
         speculative=st.booleans(),
+        windows=st.sampled_from([(None,), (None,), (3,), (8,), (None, 3), (None, 8)]),
     )
-    def setup(self, block_size, num_blocks, budget, max_seqs, caching, chunked, weak_hash, speculative):
+    def setup(self, block_size, num_blocks, budget, max_seqs, caching, chunked, weak_hash, speculative, windows):
         cfg = EngineConfig(
             block_size=block_size,
             num_blocks=num_blocks,
@@ -61,7 +68,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.pool.hash_fn = lambda parent, tokens: hash(tokens)
         elif weak_hash == "mod-7":  # different tokens collide
             self.pool.hash_fn = lambda parent, tokens: hash((parent, tokens)) % 7
-        self.kv = KVCacheManager(self.pool)
+        groups = [KVCacheGroupSpec((g,), w) for g, w in enumerate(windows)]
+        kv_config = KVCacheConfig(groups, 1, tuple(range(len(groups))), (0,) * len(groups))
+        self.windows = windows
+        self.kv = KVCacheManager(self.pool, kv_config, budget)
         self.sched = Scheduler(cfg, self.kv, max_model_len=64)
         self.live: dict[str, Request] = {}
         self.speculative = speculative
@@ -97,17 +107,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         sampled = []
         drafts = out.scheduled_spec_decode_tokens
         for r, n in zip(out.requests, out.num_tokens):
+            for window, table in zip(self.windows, r.block_tables):  # the step's first query still reads
+                if window:  # keys num_computed_tokens - W + 1 on: none of their blocks may be gone
+                    assert table.count(NULL_BLOCK) * bs <= max(0, r.num_computed_tokens - window + 1)
             seq = r.all_token_ids + drafts.get(r.request_id, [])  # what this step computes K/V for
             for pos in range(r.num_computed_tokens, r.num_computed_tokens + n):  # the fake forward pass
-                slot = r.block_ids[pos // bs] * bs + pos % bs
-                self.slots[slot] = tuple(seq[: pos + 1])
+                for table in r.block_tables:
+                    assert table[pos // bs] != NULL_BLOCK  # a slot written this step is held
+                    slot = table[pos // bs] * bs + pos % bs
+                    self.slots[slot] = tuple(seq[: pos + 1])
             if r.num_computed_tokens + n == len(seq):  # reaches its end: the runner samples it
                 sampled.append(r)
         accepted = {rid: data.draw(st.integers(0, len(d))) for rid, d in drafts.items()}
         COUNTS["drafts"] = COUNTS.get("drafts", 0) + sum(len(d) for d in drafts.values())
         update = self.sched.update_from_output(out, sampled, [token] * len(sampled), accepted)
         for r in update.finished:
-            assert r.finish_reason == "length" and not r.block_ids and r not in self.sched.running
+            assert r.finish_reason == "length" and not any(r.block_tables) and r not in self.sched.running
             self.live.pop(r.request_id)
 
     @precondition(lambda self: self.live)
@@ -155,29 +170,46 @@ class SchedulerMachine(RuleBasedStateMachine):
     def ref_counts_equal_table_holders(self):
         holders = [0] * self.pool.num_blocks
         for r in self.sched.running:
-            for bid in r.block_ids:
-                holders[bid] += 1
+            for table in r.block_tables:
+                for bid in table:
+                    if bid != NULL_BLOCK:
+                        holders[bid] += 1
         assert [b.ref_cnt for b in self.pool.blocks] == holders
-        assert all(not r.block_ids for r in self.sched.waiting)
+        assert all(not any(r.block_tables) for r in self.sched.waiting)
 
     @invariant()
     def tables_cover_exactly_the_computed_tokens(self):
         for r in self.sched.running:
-            assert len(r.block_ids) == cdiv(r.num_computed_tokens, self.pool.block_size)
+            for table in r.block_tables:
+                assert len(table) == cdiv(r.num_computed_tokens, self.pool.block_size)
+
+    @invariant()
+    def windows_free_only_blocks_nobody_reads(self):
+        bs = self.pool.block_size
+        for r in self.sched.running:
+            for window, table in zip(self.windows, r.block_tables):
+                nulls = sum(1 for b in table if b == NULL_BLOCK)
+                assert table[:nulls] == [NULL_BLOCK] * nulls  # a prefix of the table
+                # the next query (at num_computed_tokens) reads keys from num_computed_tokens - W + 1 on
+                first_read = r.num_computed_tokens - window + 1 if window else 0
+                assert nulls * bs <= max(0, first_read)
 
     @invariant()
     def every_computed_slot_holds_its_own_prefix(self):
         bs = self.pool.block_size
         for r in self.sched.running:
             for pos in range(r.num_computed_tokens):
-                slot = r.block_ids[pos // bs] * bs + pos % bs
-                assert self.slots.get(slot) == tuple(r.all_token_ids[: pos + 1])
+                for table in r.block_tables:
+                    if table[pos // bs] == NULL_BLOCK:
+                        continue
+                    slot = table[pos // bs] * bs + pos % bs
+                    assert self.slots.get(slot) == tuple(r.all_token_ids[: pos + 1])
 
     @invariant()
     def cached_hashes_match_block_tokens(self):
         bs = self.pool.block_size
-        for value, block in self.pool.cached.items():
-            assert block.block_hash.value == value
+        for key, block in self.pool.cached.items():
+            assert (block.block_hash.value if block.group == 0 else (block.group, block.block_hash.value)) == key
             first = block.block_id * bs
             assert self.slots[first + bs - 1][-bs:] == block.block_hash.token_ids
 
@@ -189,6 +221,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.drop_finished_running()
         assert self.pool.num_free_blocks == self.pool.num_blocks  # nothing leaked
         assert all(b.ref_cnt == 0 for b in self.pool.blocks)
+        assert all(n == 0 for n in self.pool.used_per_group.values())
+        COUNTS["window_freed"] = COUNTS.get("window_freed", 0) + self.pool.num_window_freed_blocks
 
 
 MACHINE_SETTINGS = settings(
@@ -204,3 +238,4 @@ def test_scheduler_state_machine():
     ops, steps = COUNTS["ops"] - before["ops"], COUNTS["steps"] - before["steps"]
     assert ops >= 4000 and steps >= 1000, COUNTS
     assert COUNTS.get("drafts", 0) - before.get("drafts", 0) >= 20, COUNTS  # speculation was exercised (50-300 drafts a run)
+    assert COUNTS.get("window_freed", 0) - before.get("window_freed", 0) >= 20, COUNTS  # windows freed blocks

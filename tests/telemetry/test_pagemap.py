@@ -131,3 +131,43 @@ def test_finished_requests_leave_no_tracker_state():
     engine = make_engine()
     engine.generate([[5 + i] * (3 + i) for i in range(6)], greedy(3))
     assert engine.recorder.pages.tables == {} and engine.recorder.pages.holders == {}
+
+
+@pytest.mark.parametrize("model_type", ["ministral", "gemma3_text"])
+def test_page_map_follows_window_freeing_and_groups(model_type):
+    """Windows of 16 on a block size of 4: blocks leave the tables while their requests run (null
+    entries), a hybrid model's groups share the pool; the map must still match the pool every step,
+    and say which group each held block is in."""
+    from kvscope import Engine
+    from kvscope.zoo import tiny_model
+
+    engine = Engine(tiny_model(model_type), block_size=4, num_blocks=160, max_num_batched_tokens=16,
+                    max_model_len=256)
+    tracker, bs = engine.recorder.pages, 4
+    checked = []
+
+    def check(item):
+        if not isinstance(item, StepRecord):
+            return
+        for b in range(engine.pool.num_blocks):
+            block, entry = engine.pool.blocks[b], tracker.entries[b]
+            fills, holders = set(), set()
+            for r in engine.scheduler.running:
+                for table in r.block_tables:
+                    if b in table:
+                        holders.add(r.request_id)
+                        fills.add(min(bs, r.num_computed_tokens - table.index(b) * bs))
+            assert entry.refs == block.ref_cnt == len(holders), b
+            if holders:
+                assert entry.owner in holders and entry.filled == fills.pop() and not fills
+                assert tracker.group[b] == block.group
+            else:
+                assert entry.state == ("cached" if block.block_hash is not None else "free")
+        checked.append(item.step)
+
+    engine.recorder.subscribe(check)
+    shared = list(range(100, 140))
+    prompts = [[*shared, *range(200 + 10 * i, 205 + 10 * i)] for i in range(3)]
+    engine.generate(prompts, greedy(20))
+    assert len(checked) > 10 and engine.pool.num_window_freed_blocks > 0
+    assert tracker.tables == {} and tracker.holders == {} and tracker.live_from == {}

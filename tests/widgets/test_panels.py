@@ -220,3 +220,25 @@ def test_the_static_reservation_reads_in_times_the_pool(finished_run):
     bytes_per_block = next(r.kv.paged_bytes // r.kv.blocks_used for r in finished_run.records if r.kv.blocks_used)
     expected = kv.static_reservation_bytes / (kv.num_blocks * bytes_per_block)
     assert panels["occupancy"].source.data["static_x_pool"][-2] == pytest.approx(expected)
+
+
+def test_page_map_title_names_the_kv_cache_groups():
+    from kvscope.widgets.panels.page_map import kv_groups_label
+
+    from kvscope import Engine, Run
+    from kvscope.request import SamplingParams
+    from kvscope.zoo import tiny_model
+
+    assert kv_groups_label({}) is None
+    full = {"kv_cache_groups": {"groups": [{"layers": [0, 1], "sliding_window": None}], "num_slots": 2}}
+    assert kv_groups_label(full) is None  # nothing to say about a full-attention model
+    engine = Engine(tiny_model("gemma3_text"), block_size=4, num_blocks=160, max_model_len=256)
+    engine.generate([list(range(100, 150))], SamplingParams(max_tokens=8, ignore_eos=True))
+    run = Run.from_engine(engine)
+    assert kv_groups_label(run.meta) == "6 KV groups of 1 layer (full, window 16), 5 freeing by window"
+    panel = next(p for p in build_panels(LatencyStats(), None, run.meta) if type(p) is PageMapPanel)
+    for _feed, tick in _chunks(run, 5):
+        panel.update(tick)
+    assert panel.figure.title.text.endswith("5 freeing by window")
+    fallback = Engine(tiny_model("gemma4_text"), block_size=4, num_blocks=64, max_model_len=256)
+    assert kv_groups_label(fallback.run_metadata()).startswith("one KV group, window not freed: layers with")

@@ -10,6 +10,11 @@ blocks are outlined, cached-free blocks (no holder, still findable by the prefix
 blocks light. The grid is sent once, when the first record tells the pool size; after that only the
 cells that changed go out, with ``ColumnDataSource.patch``.
 
+KV cache groups (a sliding-window or hybrid model, ``kvscope.kv_groups``): the title names the groups
+from the run metadata (``kv_groups_label``): how many, their layers and windows, and why a window is not
+freed when the model fell back to one group. Blocks that left a window show as cached (or free) while
+their request runs on.
+
 ``cell_style`` is the single definition of a cell's look; ``report.py`` mirrors it in the JavaScript
 of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live ones.
 
@@ -85,6 +90,23 @@ def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
     return cols, math.ceil(num_blocks / cols)
 
 
+def kv_groups_label(meta: dict) -> str | None:
+    """A short description of a run's KV cache groups (``meta["kv_cache_groups"]``), or None where
+    there is nothing to say (one group of full-attention layers, or a run without the key)."""
+    groups = meta.get("kv_cache_groups") or {}
+    specs = groups.get("groups") or []
+    if groups.get("fallback_reason"):
+        return "one KV group, window not freed: " + groups["fallback_reason"].split(" (")[0]
+    windows = [g.get("sliding_window") for g in specs]
+    if not any(windows):
+        return None
+    slots = groups.get("num_slots", 0)
+    sliding = sum(1 for w in windows if w)
+    kinds = ", ".join(sorted({f"window {w}" if w else "full" for w in windows}, key=str))
+    text = f"{len(specs)} KV group{'s' * (len(specs) > 1)} of {slots} layer{'s' * (slots > 1)} ({kinds})"
+    return text + (f", {sliding} freeing by window" if len(specs) > 1 else ", freeing by window")
+
+
 class PageMapPanel(Panel):
     name = "page_map"
     title = "KV page map"
@@ -92,10 +114,13 @@ class PageMapPanel(Panel):
 
     @classmethod
     def create(cls, context: PanelContext) -> PageMapPanel:
-        return cls()
+        panel = cls()
+        panel.meta = context.meta  # filled in place as a live run learns it: read on the first grid
+        return panel
 
     def __init__(self, width: int = HALF_WIDTH, height: int = HEIGHT, max_cells: int | None = None) -> None:
         self.colors = OwnerColors()
+        self.meta: dict = {}
         self.entries: list[PageEntry] = []
         self.block_size = 0
         self.max_cells = max_cells or MAX_CELLS
@@ -172,6 +197,9 @@ class PageMapPanel(Panel):
             if pool is None:
                 return
             self._build_grid(*pool)
+            label = kv_groups_label(self.meta)
+            if label:
+                self.figure.title.text = f"{self.title} · {label}"
         changed: set[int] = set()
         for record in tick.steps:
             self.apply(self.map_of(record), changed)
