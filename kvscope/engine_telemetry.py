@@ -116,6 +116,7 @@ def run_metadata(
         "kv_bytes_per_token": spec.kv_bytes_per_token,
         "kv_bytes_per_block": runner.kv_bytes_per_block,  # a page in every slot (groups share slots)
         "max_model_len": spec.max_model_len,
+        "static_kv_bytes_per_request": spec.kv_bytes_for_tokens(spec.max_model_len),  # window-aware
         "num_blocks": runner.num_blocks,
         "block_size": config.block_size,
         "device": str(device),

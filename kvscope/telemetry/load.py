@@ -138,6 +138,7 @@ _INT_META = (
     "t0_ns",
     "prefix_cache_queries_before",
     "prefix_cache_hits_before",
+    "window_freed_blocks_before",
     "kv_bytes_per_token",
     "kv_bytes_per_block",
     "num_blocks",

@@ -98,6 +98,7 @@ KV_COLUMNS = (
     "prefix_cache_queries",
     "prefix_cache_hits",
     "num_evictions",
+    "num_window_freed_blocks",
 )
 _PROF_ORDER = {f"prof_{c}_ns": i for i, c in enumerate((*PROFILE_CATEGORIES, "total"))}
 
@@ -280,6 +281,8 @@ def summary(
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if queries else math.nan,
+        # blocks given back while their requests ran, for leaving every reading layer's sliding window
+        window_freed_blocks=(kvs[-1].num_window_freed_blocks - meta.get("window_freed_blocks_before", 0)) if kvs else 0,
     )
     out.update(spec_summary(records))
     return out

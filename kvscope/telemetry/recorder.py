@@ -60,6 +60,10 @@ class Recorder:
         self.max_model_len: int = meta["max_model_len"]
         self.kv_bytes_per_token: int = meta["kv_bytes_per_token"]
         self.kv_bytes_per_block: int = meta["kv_bytes_per_block"]
+        # a static cache's reservation per request: max_model_len slots in every full-attention layer,
+        # min(max_model_len, window) in a sliding one (transformers' static cache); older metadata lacks it
+        self.static_bytes_per_request: int = meta.get("static_kv_bytes_per_request",
+                                                      self.max_model_len * self.kv_bytes_per_token)
         self.pages = PageMapTracker(meta["num_blocks"], self.block_size, snapshot_every)
         self.block_event = self.pages.on_block_event  # the block pool's listener: (kind, block_id)
         self._stats: SchedulerStats | None = None  # as of the last record
@@ -84,6 +88,7 @@ class Recorder:
         self.baseline = {  # prefix-cache counters are cumulative over the source's life
             "prefix_cache_queries_before": last.prefix_cache_queries if last else 0,
             "prefix_cache_hits_before": last.prefix_cache_hits if last else 0,
+            "window_freed_blocks_before": last.num_window_freed_blocks if last else 0,
         }
 
     # ---- readers ---------------------------------------------------------------------------------
@@ -321,11 +326,12 @@ class Recorder:
             block_usage=used / num_blocks,
             token_usage=stored / (num_blocks * bs),
             fragmentation=1.0 - stored / slots_used if slots_used else 0.0,
-            static_reservation_bytes=stats.num_running * self.max_model_len * self.kv_bytes_per_token,
+            static_reservation_bytes=stats.num_running * self.static_bytes_per_request,
             paged_bytes=used * self.kv_bytes_per_block,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits,
             num_evictions=stats.num_evictions,
+            num_window_freed_blocks=stats.num_window_freed_blocks,
         )
 
 

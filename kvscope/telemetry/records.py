@@ -83,11 +83,12 @@ class KVState:
     block_usage: float  # blocks_used / num_blocks
     token_usage: float  # tokens_stored / (num_blocks * block_size)
     fragmentation: float  # 1 - tokens_stored / (blocks_used * block_size); 0 when nothing is used
-    static_reservation_bytes: int  # running requests x max_model_len x KV bytes per token
+    static_reservation_bytes: int  # running requests x what a static cache reserves for max_model_len tokens
     paged_bytes: int  # blocks_used x KV bytes per block
     prefix_cache_queries: int  # cumulative prompt tokens looked up
     prefix_cache_hits: int  # cumulative prompt tokens found
     num_evictions: int  # cumulative cached blocks reused for new content
+    num_window_freed_blocks: int = 0  # cumulative blocks freed for leaving every reading layer's window
 
 
 class PageEntry(NamedTuple):

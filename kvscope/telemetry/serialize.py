@@ -13,7 +13,7 @@ values to a ``scheduled`` item that had drafts (``num_draft_tokens, num_accepted
 from __future__ import annotations
 
 import types
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from .records import KVState, PageEntry, RequestEvent, ScheduledItem, SpecDecodeStats, StepRecord
@@ -25,6 +25,7 @@ _STEP_SCALARS = tuple(
 _SPEC_SCALARS = ("num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "propose_ns",
                  "draft_num_blocks", "draft_blocks_used", "draft_page_map_full")
 _KV_FIELDS = tuple(f.name for f in fields(KVState))
+_KV_DEFAULTS = {f.name for f in fields(KVState) if f.default is not MISSING}
 _EVENT_FIELDS = tuple(f.name for f in fields(RequestEvent))
 
 
@@ -104,7 +105,9 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
     try:
         kwargs = _checked(StepRecord, {name: d[name] for name in _STEP_SCALARS})
         kwargs["scheduled"] = [_item(values) for values in d["scheduled"]]
-        kwargs["kv"] = KVState(**_checked(KVState, {name: d["kv"][name] for name in _KV_FIELDS}))
+        kv = d["kv"]  # fields added later (num_window_freed_blocks) may be missing from older files
+        kwargs["kv"] = KVState(**_checked(KVState, {name: kv[name] for name in _KV_FIELDS
+                                                    if name in kv or name not in _KV_DEFAULTS}))
         kwargs["page_map"] = {
             int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()
         }

@@ -1,6 +1,7 @@
 """KV occupancy per step: blocks used, tokens stored and fragmentation as shares of the pool,
-against a static max-length reservation in times the pool (its own right axis: "42.0x").
-One row per ``StepRecord``, streamed with ``rollover``.
+against a static max-length reservation in times the pool (its own right axis: "42.0x"); for a model
+with sliding-window layers also the blocks the step gave back for leaving the window (shown once any
+step frees one). One row per ``StepRecord``, streamed with ``rollover``.
 """
 
 from __future__ import annotations
@@ -37,12 +38,18 @@ class OccupancyPanel(Panel):
     def __init__(self, rollover: int | None) -> None:
         self.rollover = rollover
         self._bytes_per_block: int | None = None
-        self.source = empty_source("step", "block_usage", "token_usage", "fragmentation", "static_x_pool")
+        self._window_freed: int | None = None  # the cumulative count at the previous record
+        self.source = empty_source("step", "block_usage", "token_usage", "fragmentation", "static_x_pool",
+                                   "window_freed")
         fig = new_figure(self.title, x_axis_label="step", y_axis_label="share of KV pool",
                          y_range=Range1d(0, 1.05))
         fig.line("step", "block_usage", source=self.source, color="#fd8d3c", width=2, legend_label="blocks used")
         fig.line("step", "token_usage", source=self.source, color="#31a354", width=2, legend_label="tokens stored")
         fig.line("step", "fragmentation", source=self.source, color="#756bb1", legend_label="fragmentation")
+        self.window_line = fig.line("step", "window_freed", source=self.source, color="#3182bd", dash="dotted",
+                                    width=2, legend_label="freed by the window this step", visible=False)
+        self.window_item = fig.legend[0].items[-1]
+        self.window_item.visible = False
         # A static cache reserves max_model_len per request: often many times the pool, so it gets
         # its own (right) axis, in times the pool, and the paged lines keep their detail on the left one.
         fig.extra_y_ranges = {"static": DataRange1d(start=0)}
@@ -55,7 +62,8 @@ class OccupancyPanel(Panel):
         add_hover(
             fig,
             [("step", "@step"), ("blocks used", "@block_usage{0.0%}"), ("tokens stored", "@token_usage{0.0%}"),
-             ("fragmentation", "@fragmentation{0.0%}"), ("static reservation", hover_value("static_x_pool", TIMES))],
+             ("fragmentation", "@fragmentation{0.0%}"), ("static reservation", hover_value("static_x_pool", TIMES)),
+             ("freed by the window", "@window_freed{0.0%}")],
             mode="vline",
         )
         style_legend(fig, ncols=2)
@@ -66,13 +74,20 @@ class OccupancyPanel(Panel):
         kv = record.kv
         self._bytes_per_block = kv_bytes_per_block(record) or self._bytes_per_block
         pool = kv.num_blocks * self._bytes_per_block if self._bytes_per_block else 0
+        freed = kv.num_window_freed_blocks - (self._window_freed if self._window_freed is not None
+                                              else kv.num_window_freed_blocks)
+        self._window_freed = kv.num_window_freed_blocks
         return {
             "step": record.step,
             "block_usage": kv.block_usage,
             "token_usage": kv.token_usage,
             "fragmentation": kv.fragmentation,
             "static_x_pool": kv.static_reservation_bytes / pool if pool else 0.0,
+            "window_freed": max(freed, 0) / kv.num_blocks if kv.num_blocks else 0.0,
         }
 
     def update(self, tick: Tick) -> None:
-        stream_rows(self.source, [self.row(r) for r in tick.steps], self.rollover)
+        rows = [self.row(r) for r in tick.steps]
+        if not self.window_line.visible and any(row["window_freed"] > 0 for row in rows):
+            self.window_line.visible = self.window_item.visible = True
+        stream_rows(self.source, rows, self.rollover)

@@ -1,0 +1,37 @@
+"""The occupancy panel draws the blocks a sliding-window model frees, and only for such a model."""
+
+from __future__ import annotations
+
+import torch
+from kvscope.widgets.feed import Tick
+from kvscope.widgets.panels.base import PanelContext
+from kvscope.widgets.panels.occupancy import OccupancyPanel
+
+from kvscope import Engine, Run, SamplingParams
+from kvscope.models import build_tiny_model
+
+torch.set_num_threads(1)
+
+
+def _run(**model_kwargs) -> Run:
+    engine = Engine(build_tiny_model("mistral", **model_kwargs), block_size=4, num_blocks=64, max_model_len=256)
+    engine.generate([list(range(5, 85))], SamplingParams(max_tokens=40, ignore_eos=True))
+    return Run.from_engine(engine)
+
+
+def test_occupancy_panel_shows_the_freed_blocks_only_when_there_are_some():
+    run = _run(sliding_window=16)
+    panel = OccupancyPanel.create(PanelContext(stats=None, rollover=None))
+    assert not panel.window_line.visible
+    panel.update(Tick(steps=run.records, final=True))
+    freed = panel.source.data["window_freed"]
+    assert panel.window_line.visible and panel.window_item.visible
+    total = sum(round(f * run.records[0].kv.num_blocks) for f in freed)
+    assert total == run.records[-1].kv.num_window_freed_blocks - run.records[0].kv.num_window_freed_blocks
+
+
+
+def test_no_line_without_a_window():
+    panel = OccupancyPanel.create(PanelContext(stats=None, rollover=None))
+    panel.update(Tick(steps=_run().records, final=True))
+    assert not panel.window_line.visible and set(panel.source.data["window_freed"]) == {0.0}
