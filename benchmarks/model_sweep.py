@@ -105,6 +105,11 @@ def features(engine: Engine) -> str:
         parts.append("layers of different shapes")
     heads = {(x.num_heads, x.num_kv_heads) for x in layers}
     parts.append(", ".join(f"{q}q/{kv}kv heads" for q, kv in sorted(heads)))
+    groups = engine.kv_config
+    if groups.num_groups > 1:
+        parts.append(f"{groups.num_groups} KV block groups")
+    if windows and not groups.frees_blocks:
+        parts.append("windows kept whole (layers of different page shapes)")
     return "; ".join(parts)
 
 
@@ -144,7 +149,9 @@ def _run_type(model_type: str) -> Outcome:
         return Outcome(model_type, "MISMATCH", f"prompts {wrong} differ from transformers ({features(engine)})")
     preempted = sum(o.num_preemptions for o in outs)
     cached = sum(o.num_cached_tokens for o in outs)
-    return Outcome(model_type, "identical", f"{features(engine)}; preemptions: {preempted}, cached tokens: {cached}")
+    freed = engine.pool.num_window_freed_blocks
+    return Outcome(model_type, "identical", f"{features(engine)}; preemptions: {preempted}, cached tokens: {cached}"
+                   + (f", blocks freed by the window: {freed}" if freed else ""))
 
 
 def _short(exc: BaseException) -> str:
@@ -164,7 +171,9 @@ def markdown(outcomes: list[Outcome], command: str) -> str:
         "`Engine(model)` against transformers' own greedy `generate` (each prompt alone). The engine runs ten "
         "prompts batched, with chunked prefill, a shared prefix from the prefix cache and a pool small enough "
         "to preempt (`max_model_len` 512); prompts are longer than the models' sliding windows and attention "
-        "chunks (16 tokens).",
+        "chunks (16 tokens). Sliding-window layers give their blocks back once they leave the window, while the "
+        "request runs; a hybrid (full and sliding layers) gets vLLM-style KV block groups, and its pool as many "
+        "times 40 blocks as it has groups (a block then holds a page in only its group's layers: the same memory).",
         "",
         "- **identical**: every output token equals transformers'; the details say what the probe measured "
         "(KV layers, windows, chunks, sinks, softcaps, head shapes) and what the run exercised.",

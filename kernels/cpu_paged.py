@@ -3,7 +3,7 @@
 Why: the torch path (``torch_paged.py``) answers a bucket of decodes with two page gathers (a copy of
 every key and value it reads) and one ``scaled_dot_product_attention``; on the benchmark workload the
 gathers alone took as long as SDPA. This kernel reads K and V in place from the pages, one task per
-sequence (all its heads) split over torch's intra-op threads; every sequence runs to its own length,
+sequence (all its heads), on the calling thread; every sequence runs to its own length,
 so decodes need no buckets and a layer makes one call for all of them.
 
 Per task: scores ``q . k * scale`` of every query head against every visible key, the max, ``exp``,
@@ -17,6 +17,12 @@ Built by ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja are
 extension cache (``~/.cache/torch_extensions``, or ``$KVSCOPE_EXTENSIONS_DIR``), so only the first
 process on a machine pays the build (~30-60 s); it registers ``torch.ops.kvscope.paged_decode_attention``.
 ``load()`` is False where it cannot be built, and ``resolve_backend("auto")`` then picks the torch path.
+
+One thread: splitting the sequences over a second one (torch's inter-op pool; ``at::parallel_for``
+would need the extension built with OpenMP, a second runtime beside torch's) made the kernel alone
+1.4-1.8x faster on 48 decodes (~1.0 ms -> ~0.6 ms) but not the engine: 0.87-1.09x over six paired
+runs of the throughput benchmark at 2 threads, as the step's GEMMs leave OpenMP's worker spinning
+on the other core. The simpler form is kept.
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ NAME = "kvscope_cpu_paged"  # the extension's name: its folder in the build cach
 
 _SOURCE = r"""
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <algorithm>
 #include <limits>
@@ -101,62 +106,59 @@ void paged_decode_attention(const at::Tensor& query,        // [T, Hq, D] float3
 
   const int64_t num_heads = num_kv_heads * group;
   // one task per sequence, all its heads: each token's K (then V) row of all heads is read once, in
-  // order, page by page. Tasks alternate short and long sequences (decodes come sorted by length), so
-  // the contiguous task ranges of parallel_for get even work.
-  at::parallel_for(0, num_decodes, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(num_heads * head_dim), scores, acc(num_heads * head_dim_v), total(num_heads);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task % 2 == 0 ? task / 2 : num_decodes - 1 - task / 2;
-      const int64_t lo = firsts[i], hi = lens[i], n = hi - lo;
-      const int64_t* table = tables + i * max_blocks;
-      for (int64_t hq = 0; hq < num_heads; ++hq) {  // the row's queries, contiguous [Hq, D]
-        const float* src = q_base + i * q_row + hq * q_head;
-        for (int64_t d = 0; d < head_dim; ++d) q[hq * head_dim + d] = src[d * q_dim];
-      }
-      scores.resize(num_heads * std::max<int64_t>(n, 1));  // [Hq][t - lo]
-      for (int64_t page = lo / block_size, t = lo; t < hi; ++page) {
-        const int64_t stop = std::min(hi, (page + 1) * block_size);
-        const float* k = k_base + (table[page] * block_size + t % block_size) * k_token;
-        for (; t < stop; ++t, k += k_token)
-          for (int64_t hq = 0; hq < num_heads; ++hq)
-            scores[hq * n + (t - lo)] = dot(q.data() + hq * head_dim, k + (hq / group) * head_dim, head_dim) * fscale;
-      }
-      for (int64_t hq = 0; hq < num_heads; ++hq) {  // softmax numerators and denominators, vectorised
-        float* sh = scores.data() + hq * n;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) top = std::max(top, sh[t]);
-        const Vec topv(top);
-        Vec sum(0.f);
-        int64_t t = 0;
-        for (; t + Vec::size() <= n; t += Vec::size()) {
-          Vec e = (Vec::loadu(sh + t) - topv).exp_u20();
-          e.store(sh + t);
-          sum = sum + e;
-        }
-        float rest = 0.f;
-        if (t < n) {
-          Vec e = (Vec::loadu(sh + t, n - t) - topv).exp_u20();
-          e.store(sh + t, n - t);
-          for (int64_t j = t; j < n; ++j) rest += sh[j];
-        }
-        total[hq] = hsum(sum) + rest;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t page = lo / block_size, t = lo; t < hi; ++page) {
-        const int64_t stop = std::min(hi, (page + 1) * block_size);
-        const float* v = v_base + (table[page] * block_size + t % block_size) * v_token;
-        for (; t < stop; ++t, v += v_token)
-          for (int64_t hq = 0; hq < num_heads; ++hq)
-            axpy(scores[hq * n + (t - lo)], v + (hq / group) * head_dim_v, acc.data() + hq * head_dim_v, head_dim_v);
-      }
-      for (int64_t hq = 0; hq < num_heads; ++hq) {
-        float* dst = o_base + i * o_row + hq * o_head;
-        const float inv = n > 0 ? 1.f / total[hq] : 0.f;
-        for (int64_t d = 0; d < head_dim_v; ++d) dst[d * o_dim] = acc[hq * head_dim_v + d] * inv;
-      }
+  // order, page by page. On the calling thread (see the module doc for why not split over threads).
+  std::vector<float> q(num_heads * head_dim), scores, acc(num_heads * head_dim_v), total(num_heads);
+  for (int64_t i = 0; i < num_decodes; ++i) {
+    const int64_t lo = firsts[i], hi = lens[i], n = hi - lo;
+    const int64_t* table = tables + i * max_blocks;
+    for (int64_t hq = 0; hq < num_heads; ++hq) {  // the row's queries, contiguous [Hq, D]
+      const float* src = q_base + i * q_row + hq * q_head;
+      for (int64_t d = 0; d < head_dim; ++d) q[hq * head_dim + d] = src[d * q_dim];
     }
-  });
+    scores.resize(num_heads * std::max<int64_t>(n, 1));  // [Hq][t - lo]
+    for (int64_t page = lo / block_size, t = lo; t < hi; ++page) {
+      const int64_t stop = std::min(hi, (page + 1) * block_size);
+      const float* k = k_base + (table[page] * block_size + t % block_size) * k_token;
+      for (; t < stop; ++t, k += k_token)
+        for (int64_t hq = 0; hq < num_heads; ++hq)
+          scores[hq * n + (t - lo)] = dot(q.data() + hq * head_dim, k + (hq / group) * head_dim, head_dim) * fscale;
+    }
+    for (int64_t hq = 0; hq < num_heads; ++hq) {  // softmax numerators and denominators, vectorised
+      float* sh = scores.data() + hq * n;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < n; ++t) top = std::max(top, sh[t]);
+      const Vec topv(top);
+      Vec sum(0.f);
+      int64_t t = 0;
+      for (; t + Vec::size() <= n; t += Vec::size()) {
+        Vec e = (Vec::loadu(sh + t) - topv).exp_u20();
+        e.store(sh + t);
+        sum = sum + e;
+      }
+      float rest = 0.f;
+      if (t < n) {
+        Vec e = (Vec::loadu(sh + t, n - t) - topv).exp_u20();
+        e.store(sh + t, n - t);
+        for (int64_t j = t; j < n; ++j) rest += sh[j];
+      }
+      total[hq] = hsum(sum) + rest;
+    }
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t page = lo / block_size, t = lo; t < hi; ++page) {
+      const int64_t stop = std::min(hi, (page + 1) * block_size);
+      const float* v = v_base + (table[page] * block_size + t % block_size) * v_token;
+      for (; t < stop; ++t, v += v_token)
+        for (int64_t hq = 0; hq < num_heads; ++hq)
+          axpy(scores[hq * n + (t - lo)], v + (hq / group) * head_dim_v, acc.data() + hq * head_dim_v, head_dim_v);
+    }
+    for (int64_t hq = 0; hq < num_heads; ++hq) {
+      float* dst = o_base + i * o_row + hq * o_head;
+      const float inv = n > 0 ? 1.f / total[hq] : 0.f;
+      for (int64_t d = 0; d < head_dim_v; ++d) dst[d * o_dim] = acc[hq * head_dim_v + d] * inv;
+    }
+  }
 }
+
 
 // A dispatcher op (not a pybind function): torch.profiler records it like any aten op, and
 // torch.ops.kvscope.paged_decode_attention calls it without Python in between.

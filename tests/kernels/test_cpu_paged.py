@@ -65,6 +65,24 @@ def test_decodes_match_the_oracle(group, head_dim, block_size, local):
     torch.testing.assert_close(out, ref, **TOL)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_decodes_match_the_oracle_whatever_the_thread_setting(threads):
+    """The kernel runs on the calling thread, whatever torch's intra-op setting; 1 to 17 rows."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (1, 2, 5, 17):
+            contexts = [3 + 11 * i for i in range(rows)]
+            q, kc, vc, tables, qsl, seq_lens = ragged_batch([1] * rows, contexts, 2, 4, 64, 16, seed=rows)
+            plan = cpu_paged.build_plan(tables, [1] * rows, seq_lens.tolist(), rows, 16, 4, torch.float32)
+            out = torch.full((q.shape[0], q.shape[1], 64), float("nan"))
+            cpu_paged.run_plan(plan, q, kc, vc, 0.125, out)
+            ref = reference.paged_attention_naive(q, kc, vc, tables, qsl, seq_lens, 0.125)
+            torch.testing.assert_close(out, ref, **TOL)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_mixed_batch_matches_the_torch_path():
     """Decodes first, then a fresh prefill and a chunk over a cached prefix; a value head size of its own."""
     query_lens, contexts = [1, 1, 1, 7, 12], [3, 40, 77, 0, 21]
