@@ -75,7 +75,8 @@ def page_map_history(run: RecordedRun, panel: PageMapPanel, pages=_target_pages)
     a record's (entries, is a full snapshot) of the pool to replay (the draft model's: ``_draft_pages``)."""
     records = list(run.records)
     first_full = next((i for i, r in enumerate(records) if pages(r)[1]), None)
-    hist: dict[str, list] = {k: [] for k in ("step", "full", "offset", "block", "owner", "filled", "state", "refs")}
+    hist: dict[str, list] = {k: [] for k in ("step", "full", "offset", "block", "owner", "filled", "state", "refs",
+                                             "kv_group")}
     owners: dict[str, int] = {}
     for record in records[first_full:] if first_full is not None else []:
         page_map, full = pages(record)
@@ -88,6 +89,7 @@ def page_map_history(run: RecordedRun, panel: PageMapPanel, pages=_target_pages)
             hist["filled"].append(entry.filled)
             hist["state"].append(PAGE_STATES.index(entry.state) if entry.state in PAGE_STATES else 0)
             hist["refs"].append(entry.refs)
+            hist["kv_group"].append(entry.kv_group)
     hist["offset"].append(len(hist["block"]))
     hist["owners"] = list(owners)
     hist["owner_colors"] = [panel.colors(o) for o in owners]
@@ -102,14 +104,15 @@ let i = h.step.indexOf(slider.value);
 if (i < 0) { i = 0; while (i + 1 < h.step.length && h.step[i + 1] <= slider.value) i++; }
 let k = i; while (k > 0 && !h.full[k]) k--;
 const owner = new Array(n).fill(-1), filled = new Array(n).fill(0), state = new Array(n).fill(0),
-      refs = new Array(n).fill(0);
+      refs = new Array(n).fill(0), kvg = new Array(n).fill(0);
 for (let r = k; r <= i; r++) {
   for (let j = h.offset[r]; j < h.offset[r + 1]; j++) {
     const b = h.block[j];
     owner[b] = h.owner[j]; filled[b] = h.filled[j]; state[b] = h.state[j]; refs[b] = h.refs[j];
+    kvg[b] = h.kv_group[j];
   }
 }
-const cols = {owner: [], filled: [], state: [], refs: [], color: [], alpha: [], outline: []};
+const cols = {owner: [], filled: [], state: [], refs: [], kv_group: [], color: [], alpha: [], outline: []};
 let used = 0, cached = 0;
 for (let b = 0; b < n; b++) {
   const s = h.states[state[b]];
@@ -125,7 +128,7 @@ for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_m
   const color = owner[top] >= 0 ? h.owner_colors[owner[top]] : null;
   const style = cell_style(color, tokens, s, block_size * g);
   cols.owner.push(owner[top] >= 0 ? h.owners[owner[top]] : ""); cols.filled.push(tokens);
-  cols.state.push(s); cols.refs.push(holders);
+  cols.state.push(s); cols.refs.push(holders); cols.kv_group.push(kvg[top]);
   cols.color.push(style[0]); cols.alpha.push(style[1]); cols.outline.push(style[2]);
 }
 source.data = Object.assign({}, d, cols);

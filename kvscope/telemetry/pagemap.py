@@ -169,11 +169,11 @@ class PageMapTracker:
         if refs == 0:
             if not self.cached[b]:
                 return FREE_PAGE
-            return PageEntry(self.owner[b], self.block_size, "cached", 0)
+            return PageEntry(self.owner[b], self.block_size, "cached", 0, self.group[b])
         if filled is None:
             old = self.entries[b]
             filled = old.filled if old.refs else self.block_size
-        return PageEntry(self.owner[b], filled, "shared" if refs > 1 else "used", refs)
+        return PageEntry(self.owner[b], filled, "shared" if refs > 1 else "used", refs, self.group[b])
 
 
 def page_map_at(records: Sequence[StepRecord], step: int) -> list[PageEntry]:

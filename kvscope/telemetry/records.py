@@ -99,12 +99,15 @@ class PageEntry(NamedTuple):
     the request whose tokens it still holds; ``""`` for a ``free`` block.
     ``state``: ``used`` (one holder), ``shared`` (``refs`` > 1 holders), ``cached`` (no holder, but
     findable by the prefix cache), ``free`` (no holder, nothing kept).
+    ``kv_group``: the KV cache group (ARCHITECTURE.md) of the block table it last entered; always 0 for
+    a model with one group.
     """
 
     owner: str
     filled: int  # token slots holding K/V (block_size for shared and cached blocks, 0 for free)
     state: str  # one of PAGE_STATES
     refs: int  # requests holding it (ref count)
+    kv_group: int = 0
 
 
 FREE_PAGE = PageEntry("", 0, "free", 0)

@@ -53,6 +53,19 @@ def _checked(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _page(entry: PageEntry) -> list:
+    """A page-map entry: ``[owner, filled, state, refs]``, plus its KV group where it is not 0."""
+    return list(entry) if entry.kv_group else list(entry[:4])
+
+
+def _entry(values: list) -> PageEntry:
+    """A page-map entry from 4 values, or 5 with the KV group (files of hybrid models)."""
+    o, f, s, r, *group = values
+    if len(group) > 1:
+        raise ValueError(f"a page-map entry has {len(values)} values; 4 or 5 expected")
+    return PageEntry(str(o), int(f), str(s), int(r), int(group[0]) if group else 0)
+
+
 def step_to_dict(record: StepRecord) -> dict[str, Any]:
     out: dict[str, Any] = {name: getattr(record, name) for name in _STEP_SCALARS}
     out["scheduled"] = [
@@ -62,7 +75,7 @@ def step_to_dict(record: StepRecord) -> dict[str, Any]:
     ]
     kv = record.kv
     out["kv"] = {name: getattr(kv, name) for name in _KV_FIELDS}
-    out["page_map"] = {str(b): list(entry) for b, entry in record.page_map.items()}
+    out["page_map"] = {str(b): _page(entry) for b, entry in record.page_map.items()}
     out["memory"] = dict(record.memory)
     out["profile"] = dict(record.profile) if record.profile is not None else None
     if record.spec_decode is not None:
@@ -76,7 +89,7 @@ def spec_to_dict(spec: SpecDecodeStats) -> dict[str, Any]:
     out["num_accepted_tokens_per_pos"] = list(spec.num_accepted_tokens_per_pos)
     out["draft_slots"] = {str(b): list(v) for b, v in spec.draft_slots.items()}
     out["freed_blocks"] = list(spec.freed_blocks)
-    out["draft_page_map"] = {str(b): list(entry) for b, entry in spec.draft_page_map.items()}
+    out["draft_page_map"] = {str(b): _page(entry) for b, entry in spec.draft_page_map.items()}
     return out
 
 
@@ -87,7 +100,7 @@ def spec_from_dict(d: dict[str, Any]) -> SpecDecodeStats:
     kwargs["draft_slots"] = {int(b): [int(n), int(a)] for b, (n, a) in d.get("draft_slots", {}).items()}
     kwargs["freed_blocks"] = [int(b) for b in d.get("freed_blocks", [])]
     kwargs["draft_page_map"] = {
-        int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d.get("draft_page_map", {}).items()
+        int(b): _entry(values) for b, values in d.get("draft_page_map", {}).items()
     }
     return SpecDecodeStats(**kwargs)
 
@@ -109,7 +122,7 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
         kwargs["kv"] = KVState(**_checked(KVState, {name: kv[name] for name in _KV_FIELDS
                                                     if name in kv or name not in _KV_DEFAULTS}))
         kwargs["page_map"] = {
-            int(b): PageEntry(str(o), int(f), str(s), int(r)) for b, (o, f, s, r) in d["page_map"].items()
+            int(b): _entry(values) for b, values in d["page_map"].items()
         }
         kwargs["memory"] = {str(k): int(v) for k, v in (d.get("memory") or {}).items()}
         profile = d.get("profile")

@@ -11,6 +11,7 @@ from kvscope.run import Run
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import (
     BatchSummary,
+    PageEntry,
     RequestProgress,
     ScheduledItem,
     SchedulerStats,
@@ -131,17 +132,17 @@ def test_records_follow_the_hand_made_steps(handmade):
 def test_page_map_from_hand_made_pool_events(handmade):
     rec, run = handmade
     assert run.records[0].page_map_full and len(run.records[0].page_map) == NUM_BLOCKS
-    assert pages(run, 0) == {0: ("a", 4, "used", 1), 1: ("a", 2, "used", 1), 2: ("b", 3, "used", 1)}
-    assert pages(run, 1) == {0: ("a", 4, "used", 1), 1: ("a", 3, "used", 1), 2: ("b", 4, "cached", 0)}
+    assert pages(run, 0) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 2, "used", 1), 2: PageEntry("b", 3, "used", 1)}
+    assert pages(run, 1) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 3, "used", 1), 2: PageEntry("b", 4, "cached", 0)}
     assert set(run.records[1].page_map) == {1, 2}  # a diff names only what changed
-    assert pages(run, 2) == {0: ("a", 4, "shared", 2), 1: ("a", 4, "used", 1), 2: ("b", 4, "cached", 0),
-                             3: ("c", 1, "used", 1)}
+    assert pages(run, 2) == {0: PageEntry("a", 4, "shared", 2), 1: PageEntry("a", 4, "used", 1), 2: PageEntry("b", 4, "cached", 0),
+                             3: PageEntry("c", 1, "used", 1)}
     # preempted, a lets go: c, the next holder, owns block 0; block 1 keeps a's tokens, cached
-    assert pages(run, 3) == {0: ("c", 4, "used", 1), 1: ("a", 4, "cached", 0), 2: ("b", 4, "cached", 0),
-                             3: ("c", 2, "used", 1)}
-    assert pages(run, 4) == {0: ("a", 4, "used", 1), 1: ("a", 4, "used", 1), 2: ("b", 4, "cached", 0),
-                             4: ("a", 1, "used", 1)}
-    assert pages(run, 5) == {0: ("a", 4, "cached", 0), 1: ("a", 4, "cached", 0), 2: ("b", 4, "cached", 0)}
+    assert pages(run, 3) == {0: PageEntry("c", 4, "used", 1), 1: PageEntry("a", 4, "cached", 0), 2: PageEntry("b", 4, "cached", 0),
+                             3: PageEntry("c", 2, "used", 1)}
+    assert pages(run, 4) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 4, "used", 1), 2: PageEntry("b", 4, "cached", 0),
+                             4: PageEntry("a", 1, "used", 1)}
+    assert pages(run, 5) == {0: PageEntry("a", 4, "cached", 0), 1: PageEntry("a", 4, "cached", 0), 2: PageEntry("b", 4, "cached", 0)}
     assert run.page_map_at(5) == rec.pages.entries
     assert rec.pages.tables == {} and rec.pages.holders == {}  # every request ended
 

@@ -49,3 +49,27 @@ def test_older_files_without_the_field_still_load(windowed_run):
     assert d["kv"]["num_window_freed_blocks"] > 0
     del d["kv"]["num_window_freed_blocks"]
     assert step_from_dict(d).kv.num_window_freed_blocks == 0
+
+
+def test_page_map_entries_name_their_kv_group():
+    """A hybrid's blocks say which group's table they are in; files carry the group only where it is not 0."""
+    from kvscope.zoo import tiny_model
+
+    engine = Engine(tiny_model("gemma3_text"), block_size=BLOCK, num_blocks=256, max_model_len=256)
+    engine.generate([list(range(5, 45))], SamplingParams(max_tokens=8, ignore_eos=True))
+    run = Run.from_engine(engine)
+    groups = engine.kv_config.num_groups
+    held = [e for r in run.records for e in r.page_map.values() if e.state != "free"]
+    assert groups > 1 and {e.kv_group for e in held} == set(range(groups))
+    record = next(r for r in run.records if any(e.kv_group for e in r.page_map.values()))
+    d = json.loads(json.dumps(step_to_dict(record)))
+    assert {len(v) for v in d["page_map"].values()} == {4, 5}  # group 0 entries keep the 4-value form
+    assert step_from_dict(d).page_map == record.page_map
+    with pytest.raises(ValueError, match="4 or 5 expected"):
+        step_from_dict({**d, "page_map": {"0": ["a", 1, "used", 1, 0, 9]}})
+
+
+def test_a_single_group_model_writes_the_four_value_form(windowed_run):
+    _, run = windowed_run
+    d = step_to_dict(run.records[-1])
+    assert d["page_map"] and all(len(v) == 4 for v in d["page_map"].values())

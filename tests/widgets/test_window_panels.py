@@ -35,3 +35,19 @@ def test_no_line_without_a_window():
     panel = OccupancyPanel.create(PanelContext(stats=None, rollover=None))
     panel.update(Tick(steps=_run().records, final=True))
     assert not panel.window_line.visible and set(panel.source.data["window_freed"]) == {0.0}
+
+
+def test_page_map_cells_carry_the_kv_group():
+    from kvscope.widgets.panels.page_map import PageMapPanel
+
+    from kvscope.zoo import tiny_model
+
+    engine = Engine(tiny_model("gemma3_text"), block_size=4, num_blocks=256, max_model_len=256)
+    engine.generate([list(range(5, 45))], SamplingParams(max_tokens=8, ignore_eos=True))
+    run = Run.from_engine(engine)
+    panel = PageMapPanel.create(PanelContext(stats=None, rollover=None))
+    panel.update(Tick(steps=run.records[:3], final=False))  # while the request holds its blocks
+    cells = panel.source.data
+    held = [g for g, s in zip(cells["kv_group"], cells["state"]) if s != "free"]
+    assert len(set(held)) == engine.kv_config.num_groups > 1
+    assert ("KV group", "@kv_group") in panel.figure.hover[0].tooltips

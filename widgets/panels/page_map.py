@@ -47,8 +47,8 @@ from ..theme import (
 )
 from .base import Panel, PanelContext
 
-COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "color", "alpha", "outline")
-PATCHED = ("owner", "filled", "state", "refs", "color", "alpha", "outline")
+COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
+PATCHED = ("owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
 MIN_ALPHA = 0.3
 MAX_CELLS = 8192
 STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
@@ -81,7 +81,8 @@ function cell_style(owner_color, filled, state, block_size) {{
 def merge_entries(entries: Sequence[PageEntry]) -> PageEntry:
     """One cell's entry for a run of blocks (see the module docstring)."""
     top = max(entries, key=lambda e: STATE_RANK.get(e.state, 0))  # the first block of the top state
-    return PageEntry(top.owner, sum(e.filled for e in entries), top.state, max(e.refs for e in entries))
+    return PageEntry(top.owner, sum(e.filled for e in entries), top.state, max(e.refs for e in entries),
+                     top.kv_group)
 
 
 def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
@@ -137,7 +138,7 @@ class PageMapPanel(Panel):
         fig.axis.visible = False
         fig.grid.visible = False
         add_hover(fig, [("block", "@blocks"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
-                        ("holders", "@refs")], renderers=[cells])
+                        ("holders", "@refs"), ("KV group", "@kv_group")], renderers=[cells])
         self.marks = empty_source("x", "y", "block", "drafted", "accepted", "color")
         self.marks.name = f"{prefix}-draft-slots"
         if self.marks_drafts:
@@ -169,7 +170,8 @@ class PageMapPanel(Panel):
         color, alpha, outline = cell_style(entry, self.block_size * g, self.colors)
         return {"x": cell % self.cols, "y": cell // self.cols, "block": first,
                 "blocks": str(first) if g == 1 else f"{first}–{last}", "owner": entry.owner,
-                "filled": entry.filled, "state": entry.state, "refs": entry.refs, "color": color,
+                "filled": entry.filled, "state": entry.state, "refs": entry.refs, "kv_group": entry.kv_group,
+                "color": color,
                 "alpha": alpha, "outline": outline}
 
     def apply(self, page_map: dict[int, PageEntry], changed: set[int]) -> None:
