@@ -111,9 +111,15 @@ def story(vllm_py, tiny_llama, tmp_path_factory) -> Story:
         out.usage["evict"].append(out.rehit)
         _settle("evict", out, watch, server)
 
-        # 8 blocks each at the end (40 + 200 tokens), 64 for all on a pool of 24: any three decoding at once
-        # outgrow it, so vLLM preempts even if a busy machine staggers the requests' arrival
+        # 8 blocks each at the end (40 + 200 tokens), 64 for all on a pool of 24: any four decoding at once
+        # outgrow it. A machine busy enough to stagger their arrival can still keep them apart (seen once
+        # in CI: no preemption), so up to three more rounds of 16 come until vLLM has preempted.
         out.usage["preempt"] = _send_all(server, [prompt(3000 + 40 * i, 40) for i in range(8)], 200, 8)
+        for attempt in range(3):
+            if _counters(server)["preemptions"] > 0:
+                break
+            base = 10_000 + 1000 * attempt
+            out.usage["preempt"] += _send_all(server, [prompt(base + 40 * i, 40) for i in range(16)], 200, 16)
         _settle("preempt", out, watch, server)
 
         # Phase 4: requests that will never finish, then the server dies under them.
