@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from kvscope.models import build_tiny_model, load_model
-from kvscope.workload import WorkItem, synthetic_workload
+from kvscope.models.loader import build_tiny_model, load_model
+from kvscope.runs.workload import WorkItem, synthetic_workload
 
 # The default benchmark model: a randomly initialised Llama of 56.0M parameters. Intermediate size
 # 1376 = 8/3 x 512 rounded up to a multiple of 32 (Llama's SwiGLU ratio); head size 64 = 512 / 8
@@ -72,7 +72,7 @@ def set_omp_wait(policy: str) -> None:
 
 def build_model(name: str, seed: int = 0) -> tuple[torch.nn.Module, str]:
     """(model in eval mode, description). ``llama-60m`` / ``llama-quick`` are built in code; anything
-    else goes through ``kvscope.models.load_model`` (``tiny``, ``smollm2``, a folder, a cached hub id)."""
+    else goes through ``kvscope.models.loader.load_model`` (``tiny``, ``smollm2``, a folder, a cached hub id)."""
     if name in ("llama-60m", "llama-quick"):
         shape = LLAMA_60M if name == "llama-60m" else LLAMA_QUICK
         model = build_tiny_model("llama", seed=seed, init_std=0.02, **shape)

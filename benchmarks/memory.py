@@ -29,8 +29,8 @@ import torch
 from harness import add_omp_wait_option, build_model, machine_line, make_workload, median, set_omp_wait, table
 
 from kvscope import Engine
-from kvscope.config import cdiv
-from kvscope.workload import WorkItem, parse_range
+from kvscope.engine.config import cdiv
+from kvscope.runs.workload import WorkItem, parse_range
 
 WORKLOADS = {  # name: (requests, prompt range, output range); "avg512": mean final length 384 + 128
     "short": (48, "16-256", "8-128"),

@@ -1,7 +1,7 @@
 """Every causal-LM type of the installed transformers through ``Engine(model)``, against transformers'
 own greedy ``generate``: identical, refused (with the reason ``Engine()`` gave) or not buildable.
 
-Each type is built as a tiny random float32 model (``kvscope.zoo``: widths 64, heads of 16, sliding
+Each type is built as a tiny random float32 model (``kvscope.models.zoo``: widths 64, heads of 16, sliding
 windows and attention chunks of 16 tokens, seeded init), in this process. transformers generates for
 each prompt alone, with the model's own attention implementation and a plain greedy config; the engine
 runs all prompts together: batched, chunked prefill (24-token budget), 4-token pages with a shared
@@ -37,9 +37,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from kvscope import Engine, SamplingParams
-from kvscope.attention import UnsupportedModelError
-from kvscope.config import max_positions
-from kvscope.zoo import VOCAB, BuildError, causal_lm_types, tiny_model
+from kvscope.engine.config import max_positions
+from kvscope.engine.worker.attention import UnsupportedModelError
+from kvscope.models.zoo import VOCAB, BuildError, causal_lm_types, tiny_model
 
 MAX_TOKENS = 10
 MAX_MODEL_LEN = 512
@@ -167,7 +167,7 @@ def markdown(outcomes: list[Outcome], command: str) -> str:
         "# Models: every causal LM in transformers, through the engine",
         "",
         f"Made by `{command}` with transformers {transformers.__version__} and torch {torch.__version__}: every "
-        "model type with a causal-LM class, built as a tiny random float32 model (`kvscope.zoo`), run by "
+        "model type with a causal-LM class, built as a tiny random float32 model (`kvscope.models.zoo`), run by "
         "`Engine(model)` against transformers' own greedy `generate` (each prompt alone). The engine runs ten "
         "prompts batched, with chunked prefill, a shared prefix from the prefix cache and a pool small enough "
         "to preempt (`max_model_len` 512); prompts are longer than the models' sliding windows and attention "

@@ -35,7 +35,7 @@ from harness import add_omp_wait_option, build_model, make_workload, set_omp_wai
 from systems import KvscopeSystem
 
 from kvscope import Engine
-from kvscope.workload import WorkItem
+from kvscope.runs.workload import WorkItem
 
 
 @dataclass(slots=True)

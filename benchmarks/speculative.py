@@ -38,9 +38,9 @@ from harness import (
 )
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import load_model
-from kvscope.run import Run
-from kvscope.spec_decode.draft_model import early_exit_draft
+from kvscope.engine.spec_decode.draft_model import early_exit_draft
+from kvscope.models.loader import load_model
+from kvscope.runs.run import Run
 
 QUICK = dict(model="llama-quick", batch_sizes="1,4", output_len=8, rounds=1, draft_layers=1)
 

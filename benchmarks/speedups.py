@@ -31,7 +31,7 @@ from kvscope.kernels import KernelBackend, reference, torch_paged
 from systems import workload_blocks
 
 from kvscope import Engine
-from kvscope.workload import parse_range
+from kvscope.runs.workload import parse_range
 
 
 def _before_gather(cache, block_table, length):

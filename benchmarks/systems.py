@@ -34,9 +34,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
 from kvscope import Engine
-from kvscope.config import cdiv
-from kvscope.telemetry.metrics import token_times
-from kvscope.workload import WorkItem
+from kvscope.engine.config import cdiv
+from kvscope.runs.workload import WorkItem
+from kvscope.telemetry.frames import token_times
 
 
 def workload_blocks(items: Sequence[WorkItem], block_size: int) -> int:

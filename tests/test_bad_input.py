@@ -4,7 +4,7 @@ import pytest
 from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, EngineConfig, SamplingParams
-from kvscope.models import build_tiny_model
+from kvscope.models.loader import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +95,8 @@ def test_pool_smaller_than_one_request_fails_alone():
 def test_sliding_window_models_run_past_their_window_and_others_are_refused():
     """Sliding windows are implemented (issue 14): the window no longer caps max_model_len. A model whose
     layers compute attention themselves is refused at Engine() with the reason (tests/test_probe.py)."""
-    from kvscope.attention import UnsupportedModelError
-    from kvscope.zoo import tiny_model
+    from kvscope.engine.worker.attention import UnsupportedModelError
+    from kvscope.models.zoo import tiny_model
 
     engine = Engine(build_tiny_model("mistral", sliding_window=64), num_blocks=8, max_model_len=256)
     assert engine.max_model_len == 256 and {x.sliding_window for x in engine.spec.layers} == {64}

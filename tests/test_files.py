@@ -1,4 +1,4 @@
-"""kvscope.files: atomic writes, the writability probe, file modes from the umask, the output checks (identity,
+"""kvscope.utils.files: atomic writes, the writability probe, file modes from the umask, the output checks (identity,
 no folder or device), temp files removed at exit, stdlib only."""
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.files import OutputPathError, atomic_write, check_outputs, not_a_file, same_file, unwritable
+from kvscope.utils.files import (
+    OutputPathError,
+    atomic_write,
+    check_outputs,
+    not_a_file,
+    same_file,
+    unwritable,
+)
 
 
 def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
@@ -61,7 +68,7 @@ def test_unwritable_names_the_problem_and_leaves_nothing(tmp_path):
 UMASK_CHILD = """
 import os, stat, sys
 os.umask(0o027)
-from kvscope.files import atomic_write
+from kvscope.utils.files import atomic_write
 path = atomic_write(sys.argv[1], lambda f: f.write("x"))
 print(oct(stat.S_IMODE(os.stat(path).st_mode)), oct(os.umask(0o027)))
 """
@@ -79,7 +86,7 @@ def test_files_get_the_mode_open_would_give_and_the_umask_is_untouched(tmp_path)
 
 
 def test_importing_it_pulls_in_no_heavy_package():
-    code = ("import sys, kvscope.files; heavy = {'torch', 'numpy', 'pandas', 'bokeh'} & set(sys.modules); "
+    code = ("import sys, kvscope.utils.files; heavy = {'torch', 'numpy', 'pandas', 'bokeh'} & set(sys.modules); "
             "print(sorted(heavy))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]"
@@ -168,7 +175,7 @@ def test_errors_name_the_users_path_not_the_temp_file(tmp_path, monkeypatch):
 # A write cut off by the end of the process (a second Ctrl-C: the writer is a daemon thread).
 CUT_OFF_CHILD = """
 import sys, threading, time
-from kvscope.files import atomic_write
+from kvscope.utils.files import atomic_write
 started = threading.Event()
 def slow(f):
     f.write("half a report")

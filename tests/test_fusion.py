@@ -6,9 +6,9 @@ import torch
 from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, SamplingParams
-from kvscope.config import EngineConfig
-from kvscope.fusion import FastModel, FusedLinears, onednn_usable, resolve_linear_backend
-from kvscope.models import TINY_ARCHS, build_tiny_model
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.worker.fusion import FastModel, FusedLinears, onednn_usable, resolve_linear_backend
+from kvscope.models.loader import TINY_ARCHS, build_tiny_model
 
 ONEDNN = pytest.mark.skipif(not onednn_usable(torch.device("cpu"), torch.float32), reason="torch without oneDNN")
 PROMPTS = random_prompts(10, 1, 60, seed=3)

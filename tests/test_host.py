@@ -1,11 +1,11 @@
-"""kvscope.host: the memory this process can still get (system, cgroup v1 / v2) and the CPU KV cache check."""
+"""kvscope.utils.host: the memory this process can still get (system, cgroup v1 / v2) and the CPU KV cache check."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvscope import host
-from kvscope.host import AvailableMemory, available_memory, cgroup_headroom, check_kv_fits
+from kvscope.utils import host
+from kvscope.utils.host import AvailableMemory, available_memory, cgroup_headroom, check_kv_fits
 
 GiB = 1 << 30
 

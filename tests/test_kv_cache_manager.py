@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvscope.block_pool import BlockPool
-from kvscope.kv_cache_manager import KVCacheManager
-from kvscope.request import Request, SamplingParams
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.request import Request, SamplingParams
 
 
 def manager(num_blocks: int = 8, block_size: int = 4) -> KVCacheManager:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvscope.block_pool import BlockPool
-from kvscope.config import LayerSpec
-from kvscope.kv_cache_manager import KVCacheManager
-from kvscope.kv_groups import (
+from kvscope.engine.config import LayerSpec
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.core.kv_groups import (
     NULL_BLOCK,
     max_blocks_held,
     num_skipped_blocks,
@@ -13,7 +13,7 @@ from kvscope.kv_groups import (
     plan_kv_cache_groups,
     single_group,
 )
-from kvscope.request import Request, SamplingParams
+from kvscope.engine.request import Request, SamplingParams
 
 FULL = LayerSpec(4, 2, 16)
 
@@ -188,7 +188,7 @@ def test_blocks_of_lists_only_held_blocks(window):
 
 
 # ---- through the engine, against transformers ----------------------------------------------------
-WINDOWED = {  # tiny random models of kvscope.zoo (windows of 16): groups, a pool that preempts
+WINDOWED = {  # tiny random models of kvscope.models.zoo (windows of 16): groups, a pool that preempts
     "ministral": (1, 25),  # sliding layers only: one group that frees (a request needs 21 at most)
     "gemma3_text": (6, 136),  # five sliding layers to one full: S = 1, six groups (135)
     "gpt_oss": (2, 55),  # sliding + full layers with sinks (51)
@@ -216,7 +216,7 @@ def prompts():
 def windowed_refs(request):
     from test_models import own_greedy
 
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     model = tiny_model(request.param)
     return request.param, model, [own_greedy(model, p, 30) for p in prompts()]
@@ -273,7 +273,7 @@ def test_a_long_request_holds_fewer_blocks_than_its_length_needs(windowed_refs):
 
 def test_page_shapes_that_differ_run_as_one_group_and_say_why():
     from kvscope import Engine
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     engine = Engine(tiny_model("gemma4_text"), max_model_len=512, block_size=4, num_blocks=128)
     assert engine.kv_config.num_groups == 1 and not engine.kv_config.frees_blocks
@@ -283,7 +283,7 @@ def test_page_shapes_that_differ_run_as_one_group_and_say_why():
 
 def test_full_attention_models_keep_one_group_of_their_own_slots():
     from kvscope import Engine
-    from kvscope.models import build_tiny_model
+    from kvscope.models.loader import build_tiny_model
 
     engine = Engine(build_tiny_model("llama"), block_size=4, num_blocks=64)
     cfg = engine.kv_config
@@ -300,7 +300,7 @@ def test_triton_kernels_mask_the_null_entries(model_type):
     from test_models import own_greedy
 
     from kvscope import Engine
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     model = tiny_model(model_type)
     ps = [p[:40] for p in prompts()[:2]]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.cli import build_parser as build_cli_parser
-from kvscope.launch import prepare
-from kvscope.options import OptionError
-from kvscope.spec_decode.config import SpeculativeConfig
+from kvscope.cli.main import build_parser as build_cli_parser
+from kvscope.engine.spec_decode.config import SpeculativeConfig
+from kvscope.options.run import OptionError
+from kvscope.runs.setup import prepare
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import masking_utils as mu
 
-from kvscope.masks import MaskPattern, read_pattern
+from kvscope.models.masks import MaskPattern, read_pattern
 
 
 class Refused(Exception):

@@ -5,7 +5,7 @@ import torch
 from helpers import hf_greedy, random_prompts
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import build_tiny_model, build_tiny_tokenizer, load_model, smollm2_path
+from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer, load_model, smollm2_path
 
 
 def test_tiny_tokenizer_is_built_offline_and_round_trips():
@@ -69,7 +69,7 @@ def test_unknown_embedded_arch():
 
 # ---- every attention feature, through the engine, against transformers (issue 14) -------------------
 
-FEATURE_TYPES = {  # model type: what its layers do (tiny configs of kvscope.zoo: windows and chunks of 16)
+FEATURE_TYPES = {  # model type: what its layers do (tiny configs of kvscope.models.zoo: windows and chunks of 16)
     "gemma2": "sliding + full layers, logit softcapping",
     "gemma3_text": "five sliding layers to one full",
     "gemma4_text": "sliding layers of head size 16, full ones of 32",
@@ -86,7 +86,7 @@ FEATURE_SCENARIOS = {
     "preempt-bs4": dict(block_size=4, num_blocks=48, max_num_batched_tokens=64),
 }
 FEATURE_PROMPTS = random_prompts(10, 1, 60, seed=2, shared_prefix=30, num_shared=4)  # past every window
-# pools that still preempt where windows free blocks (kvscope.kv_groups): a hybrid model's block is a page
+# pools that still preempt where windows free blocks (kvscope.engine.core.kv_groups): a hybrid model's block is a page
 # in S layers, not in all of them (Gemma 3: 1 of 6), and a sliding group holds ~window / block_size blocks
 PREEMPT_BLOCKS = {"ministral": 24, "gemma3_text": 130, "cohere2": 80, "olmo3": 80}
 
@@ -106,7 +106,7 @@ def own_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module", params=list(FEATURE_TYPES))
 def feature_refs(request):
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     model = tiny_model(request.param)
     return request.param, [own_greedy(model, p, 16) for p in FEATURE_PROMPTS]
@@ -114,7 +114,7 @@ def feature_refs(request):
 
 @pytest.mark.parametrize("scenario", list(FEATURE_SCENARIOS))
 def test_windows_sinks_softcaps_chunks_and_mla_match_transformers(feature_refs, scenario):
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     model_type, refs = feature_refs
     kwargs = dict(FEATURE_SCENARIOS[scenario])

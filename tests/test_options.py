@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from kvscope import options
-from kvscope.cli import build_parser as build_cli_parser
-from kvscope.cli import main
-from kvscope.magic import build_parser as build_magic_parser
-from kvscope.options import CLI, MAGIC, RUN_OPTIONS, OptionError
+from kvscope.cli.main import build_parser as build_cli_parser
+from kvscope.cli.main import main
+from kvscope.magic.run import build_parser as build_magic_parser
+from kvscope.options import run as options
+from kvscope.options.run import CLI, MAGIC, RUN_OPTIONS, OptionError
 
 pytestmark = pytest.mark.timeout(300)
 PACKAGE = Path(options.__file__).parent
@@ -100,12 +100,12 @@ def inputs(tmp_path_factory) -> Path:
 # ---- one home, stdlib only ------------------------------------------------------------------------------
 def test_importing_options_and_building_both_parsers_loads_nothing_heavy(tmp_path):
     code = ("import argparse, json, sys\n"
-            "import kvscope.options as o\n"
+            "import kvscope.options.run as o\n"
             "for face in (o.CLI, o.MAGIC):\n"
             "    p = o.OptionParser(prog='x')\n"
             "    o.add_run_options(p, face)\n"
             "    p.parse_args(['--block-size', '8', '--requests', '3', '--step-delay', '0.1', '--trace', 't.json'])\n"
-            "heavy = ('torch', 'IPython', 'transformers', 'numpy', 'bokeh', 'pandas', 'kvscope.config')\n"
+            "heavy = ('torch', 'IPython', 'transformers', 'numpy', 'bokeh', 'pandas', 'kvscope.engine.config')\n"
             "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -246,21 +246,21 @@ def reachable(module: str) -> set[str]:
     return seen
 
 
-CLI_SIDE = {"kvscope.cli", "kvscope.cli_args", "kvscope.cli_run", "kvscope.demo", "kvscope.__main__"}
+CLI_SIDE = {"kvscope.cli.main", "kvscope.cli.parser", "kvscope.cli.run", "kvscope.runs.demo", "kvscope.__main__"}
 
 
 def test_the_chain_finder_follows_imports_inside_functions():
-    assert "kvscope.launch" in kvscope_imports("kvscope.cli_run")  # only inside cmd_run
-    assert {"kvscope.launch", "kvscope.options", "kvscope.config"} <= reachable("kvscope.magic")
+    assert "kvscope.runs.setup" in kvscope_imports("kvscope.cli.run")  # only inside cmd_run
+    assert {"kvscope.runs.setup", "kvscope.options.run", "kvscope.engine.config"} <= reachable("kvscope.magic.run")
 
 
 @pytest.mark.parametrize("module", sorted(CLI_SIDE))
 def test_the_cli_does_not_import_the_magic(module):
-    assert "kvscope.magic" not in reachable(module)
+    assert "kvscope.magic.run" not in reachable(module)
 
 
-@pytest.mark.parametrize("module", ["kvscope.magic", "kvscope.options", "kvscope.launch"])
+@pytest.mark.parametrize("module", ["kvscope.magic.run", "kvscope.options.run", "kvscope.runs.setup"])
 def test_the_magic_and_the_shared_modules_do_not_import_the_cli(module):
     assert not reachable(module) & CLI_SIDE
-    if module != "kvscope.magic":
-        assert "kvscope.magic" not in reachable(module)
+    if module != "kvscope.magic.run":
+        assert "kvscope.magic.run" not in reachable(module)

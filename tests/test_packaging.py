@@ -45,7 +45,7 @@ def test_wheel_maps_kernels_and_widgets_under_kvscope(tmp_path):
     entry_points = (
         zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     )
-    assert "kvscope = kvscope.cli:main" in entry_points
+    assert "kvscope = kvscope.cli.main:main" in entry_points
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -1,4 +1,4 @@
-"""The local Perfetto UI (``kvscope.perfetto_ui``): a kvscope trace opens in it offline.
+"""The local Perfetto UI (``kvscope.cli.perfetto_ui``): a kvscope trace opens in it offline.
 
 The browser test loads the UI from 127.0.0.1 in headless Chromium with every request to anything but
 loopback aborted, and finds kvscope's tracks in the UI's track list: the engine's steps and counters,
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from kvscope import Engine, SamplingParams
-from kvscope.perfetto_ui import PerfettoServer, serve, trace_bytes, ui_root
-from kvscope.run import Run
+from kvscope.cli.perfetto_ui import PerfettoServer, serve, trace_bytes, ui_root
+from kvscope.runs.run import Run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -145,8 +145,8 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files, chromium):
 def test_view_perfetto_serves_until_interrupted(run_files, monkeypatch, capsys):
     import argparse
 
-    from kvscope.cli_args import CLIError
-    from kvscope.cli_compare import add_perfetto_options, cmd_view_perfetto
+    from kvscope.cli.compare import add_perfetto_options, cmd_view_perfetto
+    from kvscope.cli.parser import CLIError
 
     parser = argparse.ArgumentParser()
     parser.add_argument("trace")
@@ -158,7 +158,7 @@ def test_view_perfetto_serves_until_interrupted(run_files, monkeypatch, capsys):
         served.append(_get(url.split("#", 1)[0])[0])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("kvscope.cli_compare.time.sleep", sleep)
+    monkeypatch.setattr("kvscope.cli.compare.time.sleep", sleep)
     monkeypatch.setattr("webbrowser.open", opened.append)
     trace, metrics = run_files
     assert cmd_view_perfetto(parser.parse_args([str(metrics), "--perfetto"])) == 0

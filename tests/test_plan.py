@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from kvscope.config import GiB, ModelSpec, parse_bytes
-from kvscope.plan import (
+from kvscope.engine.config import GiB, ModelSpec, parse_bytes
+from kvscope.planning.planner import (
     KNOWN_MODELS,
     ModelShape,
     fmt_bytes,
@@ -74,7 +74,7 @@ def test_planner_matches_engine_spec_for_embedded_models():
     """The known shape of 'tiny' and 'smollm2' gives the engine's own bytes per token (fp32 on the CPU)."""
     import torch
 
-    from kvscope.models import tiny_config
+    from kvscope.models.loader import tiny_config
 
     spec = ModelSpec.from_hf_config(tiny_config(), dtype=torch.float32)
     assert make_plan(known_shape("tiny"), dtype="fp32").kv_bytes_per_token == spec.kv_bytes_per_token

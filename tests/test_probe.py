@@ -9,13 +9,14 @@ import torch
 from helpers import hf_greedy
 from transformers import AutoModelForCausalLM
 
-from kvscope import Engine, SamplingParams, probe_calls
-from kvscope import probe as probe_module
-from kvscope.attention import UnsupportedModelError
-from kvscope.config import LayerSpec, ModelSpec
-from kvscope.models import build_tiny_model
-from kvscope.probe import probe_model
-from kvscope.zoo import tiny_config, tiny_model
+from kvscope import Engine, SamplingParams
+from kvscope.engine.config import LayerSpec, ModelSpec
+from kvscope.engine.worker.attention import UnsupportedModelError
+from kvscope.models import probe as probe_module
+from kvscope.models import probe_calls
+from kvscope.models.loader import build_tiny_model
+from kvscope.models.probe import probe_model
+from kvscope.models.zoo import tiny_config, tiny_model
 
 
 def refusal(model) -> UnsupportedModelError:

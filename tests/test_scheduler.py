@@ -1,10 +1,10 @@
 """Scheduler: one token budget, chunked prefill, preemption order, requests that can never fit."""
 
-from kvscope.block_pool import BlockPool
-from kvscope.config import EngineConfig
-from kvscope.kv_cache_manager import KVCacheManager
-from kvscope.request import Request, RequestStatus, SamplingParams
-from kvscope.scheduler import Scheduler, SchedulerOutput
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.core.scheduler import Scheduler, SchedulerOutput
+from kvscope.engine.request import Request, RequestStatus, SamplingParams
 
 
 def make(num_blocks=16, block_size=4, budget=16, max_seqs=8, max_model_len=1000, **kw):

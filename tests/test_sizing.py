@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from kvscope import Engine
-from kvscope.config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from kvscope.sizing import resolve_dtype, resolve_num_blocks
+from kvscope.engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from kvscope.engine.sizing import resolve_dtype, resolve_num_blocks
 
 TINY_BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # K and V x layers x kv heads x head dim x fp32 x block of 16
 
@@ -43,8 +43,8 @@ def test_a_budget_below_one_block_names_the_fix():
 def test_max_model_len_is_the_models_positions_whatever_its_window():
     from types import SimpleNamespace
 
-    from kvscope.config import ModelSpec, max_positions
-    from kvscope.sizing import resolve_max_model_len
+    from kvscope.engine.config import ModelSpec, max_positions
+    from kvscope.engine.sizing import resolve_max_model_len
 
     spec = ModelSpec(2, 2, 16, 4, max_model_len=4096)
     assert resolve_max_model_len(EngineConfig(), spec) == 4096  # a sliding window no longer caps it

@@ -1,4 +1,4 @@
-"""``kvscope.sweep``: one run per value, the same workload in each, listed options, failures, the
+"""``kvscope.runs.sweep``: one run per value, the same workload in each, listed options, failures, the
 ``kvscope sweep`` command (``cli_compare.py``) and ``%kvscope sweep`` (``magic_sweep.py``); the
 notebook view is tested in ``tests/widgets/test_sweep_view.py``."""
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from kvscope.cli_args import CLIError, Parser
-from kvscope.cli_compare import add_sweep_parser, cmd_sweep
-from kvscope.magic_sweep import magic_sweep
-from kvscope.options import CLI, OptionError, OptionParser
-from kvscope.sweep import Sweep, plan_from_args, sweep
-from kvscope.sweep_options import add_sweep_options
+from kvscope.cli.compare import add_sweep_parser, cmd_sweep
+from kvscope.cli.parser import CLIError, Parser
+from kvscope.magic.sweep import magic_sweep
+from kvscope.options.run import CLI, OptionError, OptionParser
+from kvscope.options.sweep import add_sweep_options
+from kvscope.runs.sweep import Sweep, plan_from_args, sweep
 
 torch.set_num_threads(1)
 

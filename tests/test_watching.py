@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "watch"))
 from fakes import FakePublisher, FakeServer, free_port, removed, stored
 
 import kvscope
-from kvscope.live_state import Outputs, RunStatus
+from kvscope.runs.status import Outputs, RunStatus
+from kvscope.runs.watch_run import WatchError, WatchRun
 from kvscope.telemetry.export import LANES_PID
-from kvscope.watching import WatchError, WatchRun
 
 FAST = 0.05  # seconds between polls
 

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from kvscope import workload
-from kvscope.request import SamplingParams
-from kvscope.workload import (
+from kvscope.engine.request import SamplingParams
+from kvscope.runs import workload
+from kvscope.runs.workload import (
     numbered_prompts,
     parse_range,
     prompts_from_text,
@@ -120,7 +120,7 @@ def test_prompts_from_a_fifo_and_from_stdin(tmp_path):
     writer.start()
     assert read_prompt_lines(fifo) == [(1, "from a pipe"), (3, "second")]
     writer.join(10)
-    code = "from kvscope.workload import read_prompt_lines; print(read_prompt_lines('/dev/stdin'))"
+    code = "from kvscope.runs.workload import read_prompt_lines; print(read_prompt_lines('/dev/stdin'))"
     proc = subprocess.run([sys.executable, "-c", code], input="one\ntwo\n", capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[(1, 'one'), (2, 'two')]", proc.stderr

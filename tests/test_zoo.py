@@ -1,11 +1,11 @@
-"""Tiny random models of any registered causal-LM type (kvscope.zoo, used by the model sweep)."""
+"""Tiny random models of any registered causal-LM type (kvscope.models.zoo, used by the model sweep)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kvscope.zoo import BuildError, causal_lm_types, tiny_config, tiny_model
+from kvscope.models.zoo import BuildError, causal_lm_types, tiny_config, tiny_model
 
 
 def test_every_causal_lm_type_of_transformers_is_listed():

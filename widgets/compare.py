@@ -37,8 +37,8 @@ from bokeh.models import (
 )
 from bokeh.resources import INLINE
 
-from kvscope.files import atomic_write
-from kvscope.telemetry.metrics import all_itls
+from kvscope.telemetry.frames import all_itls
+from kvscope.utils.files import atomic_write
 
 from .compare_table import Compared, MiB, header_html, run_color, summary_html
 from .feed import Tick

@@ -18,7 +18,7 @@ data shown through ``StringFormatter`` cells and ``@field`` hover values, which 
 as text; every bit of HTML we write ourselves passes ``html.escape``.
 
 The run is a ``kvscope.Run`` (``RecordedRun`` says what is read of it). This module never imports
-``kvscope.run``: ``Run.save_html`` / ``Run.show`` import this one, and imports go one way.
+``kvscope.runs.run``: ``Run.save_html`` / ``Run.show`` import this one, and imports go one way.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from bokeh.layouts import column, row
 from bokeh.models import CustomJS, Div, Slider
 from bokeh.resources import INLINE
 
-from kvscope.files import atomic_write
 from kvscope.telemetry.records import PAGE_STATES, PageEntry, RequestEvent, StepRecord
+from kvscope.utils.files import atomic_write
 
 from .dashboard import Dashboard
 from .feed import Feed

@@ -16,7 +16,7 @@ from .compare_table import summary_html
 
 
 class SweepView:
-    def __init__(self, sweep: Any) -> None:  # a kvscope.sweep.Sweep (not imported: it imports this module)
+    def __init__(self, sweep: Any) -> None:  # a kvscope.runs.sweep.Sweep (not imported: it imports this module)
         self.sweep = sweep
         self.status = w.HTML()
         self.table = w.HTML()

@@ -24,7 +24,7 @@ ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), 
 
 
 class Control(Protocol):
-    """What the buttons drive (``kvscope.live.LiveRun`` implements it)."""
+    """What the buttons drive (``kvscope.runs.live.LiveRun`` implements it)."""
 
     @property
     def done(self) -> bool: ...

@@ -1,6 +1,6 @@
 """A watched vLLM run, shown again: one standalone HTML file (``save_html``: the watch panels filled from
 the whole run, BokehJS inlined so it opens offline) or in a notebook (``show``). What ``Run.save_html`` /
-``Run.show`` call for a run with ``meta["watch"]``; like ``report.py`` it never imports ``kvscope.run``.
+``Run.show`` call for a run with ``meta["watch"]``; like ``report.py`` it never imports ``kvscope.runs.run``.
 
 The header says which numbers are exact (counters, KV events), which are estimated (percentiles from
 histogram buckets) and what cannot be known from outside (block ids, token-level fill, fragmentation).
@@ -18,7 +18,7 @@ from bokeh.layouts import column
 from bokeh.models import Div
 from bokeh.resources import INLINE
 
-from kvscope.files import atomic_write
+from kvscope.utils.files import atomic_write
 
 from .feed import Feed
 from .panels.registry import apply_tick

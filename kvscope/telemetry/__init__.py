@@ -4,9 +4,9 @@ Telemetry imports nothing of the engine: a source hands the ``Recorder`` plain r
 (``BatchSummary``, ``StepTimings``, ``SchedulerStats``, block-pool events, request events).
 """
 
-from .probes import MemoryProbe
-from .recorder import Recorder
-from .records import (
+from kvscope.telemetry.memory import MemoryProbe
+from kvscope.telemetry.recorder import Recorder
+from kvscope.telemetry.records import (
     FREE_PAGE,
     BatchSummary,
     KVState,

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..files import atomic_write
-from .metrics import token_times
-from .records import RequestEvent, StepRecord
-from .serialize import event_to_dict, step_to_dict
+from kvscope.telemetry.frames import token_times
+from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.telemetry.serialize import event_to_dict, step_to_dict
+from kvscope.utils.files import atomic_write
 
 ENGINE_PID = (1 << 30) + 1  # far above Linux pids (<= 2**22) and CUDA device ids, which Kineto uses
 REQUESTS_PID = (1 << 30) + 2

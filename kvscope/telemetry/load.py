@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT, is_our_pid
-from .records import RequestEvent, StepRecord
-from .serialize import event_from_dict, step_from_dict
+from kvscope.telemetry.export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT, is_our_pid
+from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.telemetry.serialize import event_from_dict, step_from_dict
 
 Loaded = tuple[list[StepRecord], list[RequestEvent], dict[str, Any], list[dict[str, Any]]]
 
@@ -115,7 +115,7 @@ def _check_size(path: Path) -> None:
         return
     if size * MEMORY_PER_BYTE < 1 << 30:  # small: no need to ask the system
         return
-    from ..host import available_memory, fmt_bytes
+    from kvscope.utils.host import available_memory, fmt_bytes
 
     available = available_memory()
     if size * MEMORY_PER_BYTE > available.bytes:

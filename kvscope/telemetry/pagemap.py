@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .records import (
+from kvscope.telemetry.records import (
     BLOCK_ALLOCATED,
     BLOCK_CACHED,
     BLOCK_EVICTED,

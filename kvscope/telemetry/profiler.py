@@ -43,8 +43,8 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from .recorder import Recorder
-from .records import NULL_MARKS, PROFILE_CATEGORIES, NullMarks, PhaseMarks, StepRecord
+from kvscope.telemetry.recorder import Recorder
+from kvscope.telemetry.records import NULL_MARKS, PROFILE_CATEGORIES, NullMarks, PhaseMarks, StepRecord
 
 __all__ = ["NULL_MARKS", "NullMarks", "Profiler", "categorize"]
 

@@ -30,9 +30,16 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from .pagemap import PageMapTracker
-from .probes import MemoryProbe
-from .records import BatchSummary, KVState, RequestEvent, SchedulerStats, StepRecord, StepTimings
+from kvscope.telemetry.memory import MemoryProbe
+from kvscope.telemetry.pagemap import PageMapTracker
+from kvscope.telemetry.records import (
+    BatchSummary,
+    KVState,
+    RequestEvent,
+    SchedulerStats,
+    StepRecord,
+    StepTimings,
+)
 
 Subscriber = Callable[[StepRecord | RequestEvent], None]
 _STEP_CAUSED = ("stop", "length")

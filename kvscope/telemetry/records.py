@@ -66,7 +66,7 @@ class ScheduledItem:
     # of them were accepted and kept (its output tokens this step: 1 + num_accepted_tokens)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # KV cache groups (kvscope.kv_groups): the request's block table handed with it interleaves its
+    # KV cache groups (kvscope.engine.core.kv_groups): the request's block table handed with it interleaves its
     # groups' tables, entry ``j * num_kv_groups + g`` = block ``j`` of group ``g`` (-1: left the window)
     num_kv_groups: int = 1
 
@@ -245,7 +245,7 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
     prefix_cache_hits: int = 0  # cumulative prompt tokens found
     num_evictions: int = 0  # cumulative cached blocks reused for new content
-    # sliding windows (kvscope.kv_groups): cumulative blocks given back because they left the window of
+    # sliding windows (kvscope.engine.core.kv_groups): cumulative blocks given back because they left the window of
     # every layer that read them, and the blocks running requests hold in each KV cache group
     num_window_freed_blocks: int = 0
     blocks_used_per_group: list[int] = field(default_factory=list)

@@ -16,7 +16,14 @@ import types
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from .records import KVState, PageEntry, RequestEvent, ScheduledItem, SpecDecodeStats, StepRecord
+from kvscope.telemetry.records import (
+    KVState,
+    PageEntry,
+    RequestEvent,
+    ScheduledItem,
+    SpecDecodeStats,
+    StepRecord,
+)
 
 _STEP_SCALARS = tuple(
     f.name for f in fields(StepRecord)

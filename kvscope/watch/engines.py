@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import Histogram, MetricsSample
-from .residency import Residency
+from kvscope.watch.metrics import Histogram, MetricsSample
+from kvscope.watch.residency import Residency
 
 WATCH_FORMAT_VERSION = 1
 # per-interval lane columns (meta["watch"]["lanes"][engine]); None where not known (not connected)

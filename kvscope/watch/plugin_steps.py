@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
-
-from .engines import EngineState, count, finite
+from kvscope.watch.engines import EngineState, count, finite
 
 STATE_FIELDS = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage")
 TOTAL_FIELDS = ("num_prompt_tokens", "num_generation_tokens", "num_preempted_reqs", "prefix_cache_queries",

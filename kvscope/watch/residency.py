@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvscope.watch.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass(slots=True)

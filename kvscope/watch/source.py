@@ -31,8 +31,7 @@ import time
 from typing import Any
 
 from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
-
-from .engines import (
+from kvscope.watch.engines import (
     COUNTER_OF,
     HIST_NAMES,
     LANE_COLUMNS,
@@ -46,9 +45,9 @@ from .engines import (
     hist_json,
     server_name,
 )
-from .events import EventBatch
-from .metrics import MetricsSample, interval, restarted
-from .plugin_steps import finished_of, note_step, request_events, step_record
+from kvscope.watch.events import EventBatch
+from kvscope.watch.metrics import MetricsSample, interval, restarted
+from kvscope.watch.plugin_steps import finished_of, note_step, request_events, step_record
 
 __all__ = ["LANE_COLUMNS", "LOST", "OK", "WAITING", "WatchSource"]
 

@@ -13,8 +13,8 @@ from contextlib import AbstractContextManager
 
 import zmq
 
-from .events import EventBatch, EventSubscriber, SeqTracker
-from .source import WatchSource
+from kvscope.watch.events import EventBatch, EventSubscriber, SeqTracker
+from kvscope.watch.source import WatchSource
 
 
 class Stream:

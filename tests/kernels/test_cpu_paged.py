@@ -16,7 +16,7 @@ from kvscope.kernels import cpu_paged, reference, resolve_backend, torch_paged
 from torch.profiler import ProfilerActivity, profile
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import TINY_ARCHS, build_tiny_model
+from kvscope.models.loader import TINY_ARCHS, build_tiny_model
 from kvscope.telemetry.profiler import categorize
 
 # Where it cannot build (no C++ compiler / ninja) these tests skip, saying so; under CI (which has both)

@@ -56,7 +56,7 @@ def test_triton_runs_windows_sinks_softcaps_chunks_and_mla_like_transformers(mod
     """Sliding windows and sinks (gpt-oss), softcapping (Gemma 2), chunked attention (Llama 4), value heads
     of their own size (DeepSeek's MLA), all through the Triton kernels: prompts past the 16-token windows
     and chunks, decoding across them, a cached prefix read by a later prefill chunk."""
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     model = tiny_model(model_type)
     first, second = prompts()

@@ -12,7 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 from reliability_util import FIGURES, threads_left
 
-from kvscope.cli import main
+from kvscope.cli.main import main
 
 pytestmark = pytest.mark.timeout(120)
 UNWRITABLE = "/proc/kvscope-test.json"  # a folder nobody can create files in, root included (Linux)

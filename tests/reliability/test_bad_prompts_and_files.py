@@ -19,8 +19,8 @@ from reliability_util import FIGURES, assert_every_request_ended, assert_files_v
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.cli import main
-from kvscope.live import LiveRun, Outputs
+from kvscope.cli.main import main
+from kvscope.runs.live import LiveRun, Outputs
 
 pytestmark = pytest.mark.timeout(120)
 LONG = "tell me about paged attention " * 12  # about 100 tokens of the tiny tokenizer
@@ -141,7 +141,7 @@ def test_prompts_from_a_pipe(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "kvscope.cli", "run", "--prompts", "/dev/stdin", "--output-len", "2",
+    proc = subprocess.run([sys.executable, "-m", "kvscope.cli.main", "run", "--prompts", "/dev/stdin", "--output-len", "2",
                            "--num-blocks", "32", "--out", str(tmp_path / "run"), "-q"],
                           input=f"{GOOD[0]}\n\n{GOOD[1]}\n", capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr

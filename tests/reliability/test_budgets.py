@@ -1,4 +1,4 @@
-"""The machine's limits: on the CPU a KV cache beyond the memory the machine can give (``kvscope.host``) is
+"""The machine's limits: on the CPU a KV cache beyond the memory the machine can give (``kvscope.utils.host``) is
 refused with the numbers and the fix before it is allocated, by the engine, ``kvscope run`` and ``%kvscope``,
 instead of the kernel's OOM killer ending the process mid-run with no message."""
 
@@ -11,9 +11,10 @@ import pytest
 from IPython.core.error import UsageError
 from reliability_util import FIGURES
 
-from kvscope import Engine, host
-from kvscope.host import AvailableMemory
-from kvscope.runner import ModelRunner
+from kvscope import Engine
+from kvscope.engine.worker.model_runner import ModelRunner
+from kvscope.utils import host
+from kvscope.utils.host import AvailableMemory
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1 << 20
@@ -54,7 +55,7 @@ def test_a_kv_cache_that_fits_is_allocated(small_machine):
 def test_kvscope_run_refuses_more_kv_memory_than_the_machine_has(tmp_path):
     """For real: 1000 TiB is more than any machine this runs on (a pool that would not even be allocated
     outright; a budget just above the RAM would be, and the OOM killer would end the run later)."""
-    proc = subprocess.run([sys.executable, "-m", "kvscope.cli", "run", "--kv-memory", "1000TiB", "--requests", "2",
+    proc = subprocess.run([sys.executable, "-m", "kvscope.cli.main", "run", "--kv-memory", "1000TiB", "--requests", "2",
                            "--out", str(tmp_path / "run"), "-q"], capture_output=True, text=True, timeout=170)
     FIGURES["KV budgets beyond the memory refused"] += 1
     assert proc.returncode == 2, proc.stderr

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.host import AvailableMemory
-from kvscope.run import Run
+from kvscope.runs.run import Run
+from kvscope.runs.workload import read_prompts
 from kvscope.telemetry import load as loader
-from kvscope.workload import read_prompts
+from kvscope.utils.host import AvailableMemory
 
 COUNTS = {"trace": 0, "hostile JSON": 0, "prompts": 0}
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -167,7 +167,7 @@ def test_hostile_json_gets_the_loaders_own_error(run_files, tmp_path, name, lite
 def test_a_file_too_large_for_the_memory_is_refused_before_it_is_read(run_files, tmp_path, monkeypatch):
     path = tmp_path / "run.trace.json"
     path.write_bytes(run_files["run.trace.json"])
-    monkeypatch.setattr("kvscope.host.available_memory", lambda: AvailableMemory(1 << 20, "the test's machine"))
+    monkeypatch.setattr("kvscope.utils.host.available_memory", lambda: AvailableMemory(1 << 20, "the test's machine"))
     monkeypatch.setattr(loader, "MEMORY_PER_BYTE", 1 << 20)  # as if each byte took a MiB to load
     monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("the file was read"))
     with pytest.raises(loader.RunFileError, match=r"is too large to load here: reading it takes about .* and 1 MiB "

@@ -122,7 +122,7 @@ def test_sigint_to_ipython_in_wait_mode(tmp_path):
 
 def _kvscope_run(prefix: Path, cwd: Path) -> tuple[subprocess.Popen, Output, Output]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.cli", "run", *LONG_RUN.split(), "--out", str(prefix)],
+        [sys.executable, "-m", "kvscope.cli.main", "run", *LONG_RUN.split(), "--out", str(prefix)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
     return proc, Output(proc.stdout), Output(proc.stderr)
 

@@ -18,8 +18,8 @@ from reliability_util import FIGURES
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.cli import main
-from kvscope.run import Run
+from kvscope.cli.main import main
+from kvscope.runs.run import Run
 
 pytestmark = pytest.mark.timeout(120)
 PROMPTS = "Hello there\nWhat is a KV cache?\n"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from reliability_util import FIGURES, assert_files_valid, tiny_engine, workload
 
-from kvscope import files as kvscope_files
-from kvscope.live import LiveRun, Outputs
+from kvscope.runs.live import LiveRun, Outputs
+from kvscope.utils import files as kvscope_files
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_every_file_write_in_the_package_goes_through_atomic_write():
             seen.add((rel, func))
             if (rel, func) not in ALLOWED:
                 unexpected.append(f"{rel}:{line} in {func}(): {call}")
-    assert unexpected == [], "files written without kvscope.files.atomic_write:\n" + "\n".join(unexpected)
+    assert unexpected == [], "files written without kvscope.utils.files.atomic_write:\n" + "\n".join(unexpected)
     assert seen == set(ALLOWED), f"stale allowances: {set(ALLOWED) - seen}"  # the scan does find writes
 
 

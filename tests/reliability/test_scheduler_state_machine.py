@@ -9,7 +9,7 @@ With ``speculative`` on, requests ready to decode get random drafts before each 
 them is accepted: rejected drafts must be rolled back (tables cover exactly the computed tokens, every
 computed slot holds its own prefix) and never reach the prefix cache.
 
-With ``windows`` (KV cache groups, ``kvscope.kv_groups``): one sliding group, or a full group and a
+With ``windows`` (KV cache groups, ``kvscope.engine.core.kv_groups``): one sliding group, or a full group and a
 sliding one sharing the pool. Every group's table is checked the same way; a sliding group's null
 entries must be only blocks that no later query reads, and every slot a query can still read must
 hold its own prefix.
@@ -28,12 +28,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvscope.block_pool import BlockPool
-from kvscope.config import EngineConfig, cdiv
-from kvscope.kv_cache_manager import KVCacheManager
-from kvscope.kv_groups import NULL_BLOCK, KVCacheConfig, KVCacheGroupSpec
-from kvscope.request import Request, RequestStatus, SamplingParams
-from kvscope.scheduler import Scheduler
+from kvscope.engine.config import EngineConfig, cdiv
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.core.kv_groups import NULL_BLOCK, KVCacheConfig, KVCacheGroupSpec
+from kvscope.engine.core.scheduler import Scheduler
+from kvscope.engine.request import Request, RequestStatus, SamplingParams
 
 PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9, 9, 9, 9]]
 COUNTS = {"steps": 0, "ops": 0}  # tried in this run (figures for docs/reliability.md)

@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import build_tiny_model, build_tiny_tokenizer
-from kvscope.spec_decode.draft_model import early_exit_draft
+from kvscope.engine.spec_decode.draft_model import early_exit_draft
+from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer
 
 NUM_REQUESTS = 300
 COUNTS: dict[str, int] = {}  # what the soak did (figures for docs/reliability.md)

@@ -19,7 +19,7 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.live import LiveRun, RunStatus
+from kvscope.runs.live import LiveRun, RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 SMALL = "--requests 3 --prompt-len 8-24 --output-len 30 --num-blocks 64 --step-delay 0.01"
@@ -71,7 +71,7 @@ def test_two_runs_with_their_own_engines_run_at_once():
 def test_models_loaded_at_once_get_the_same_weights():
     """The tiny model's random init draws from torch's global generator: two runs loading at once
     must not interleave their draws (they did: 20 of 30 loads differed before the lock)."""
-    from kvscope.models import build_tiny_model
+    from kvscope.models.loader import build_tiny_model
 
     def checksum() -> float:
         return sum(float(p.detach().double().sum()) for p in build_tiny_model().parameters())

@@ -14,11 +14,11 @@ import torch
 from reliability_util import FIGURES, assert_engine_clean, params, reference_tokens, tiny_engine, workload
 
 from kvscope import Engine, EngineConfig, SamplingParams
-from kvscope.live import LiveRun
-from kvscope.model_folder import check_model_folder
-from kvscope.request import TEMPERATURE_FLOOR
-from kvscope.sampler import sample
-from kvscope.workload import WorkItem
+from kvscope.engine.request import TEMPERATURE_FLOOR
+from kvscope.engine.worker.sampler import sample
+from kvscope.models.folder import check_model_folder
+from kvscope.runs.live import LiveRun
+from kvscope.runs.workload import WorkItem
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = [5, 40, 80, 120, 7, 9]
@@ -284,7 +284,7 @@ def test_an_encoder_saved_to_a_folder_is_refused_and_a_real_causal_lm_folder_loa
     with pytest.raises(ValueError, match=r"holds a BertModel \(bert\), not a causal language model") as info:
         Engine(bert, num_blocks=8)
     assert "\n" not in str(info.value)
-    from kvscope.models import build_tiny_model, build_tiny_tokenizer
+    from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer
 
     good = tmp_path / "llama"
     build_tiny_model().save_pretrained(good)

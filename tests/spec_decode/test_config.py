@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.spec_decode.config import SpeculativeConfig
+from kvscope.engine.spec_decode.config import SpeculativeConfig
 
 
 def test_ngram_defaults_follow_vllm():

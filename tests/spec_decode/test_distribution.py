@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kvscope import Engine, SamplingParams
-from kvscope.models import build_tiny_model
-from kvscope.spec_decode import rejection
-from kvscope.spec_decode.draft_model import early_exit_draft
+from kvscope.engine.spec_decode import rejection
+from kvscope.engine.spec_decode.draft_model import early_exit_draft
+from kvscope.models.loader import build_tiny_model
 
 V, N, TOKENS = 16, 3000, 4
 PROMPT = [3, 7, 5, 3, 7, 5, 3, 7, 5, 3, 7]  # repetitive: prompt lookup drafts from the first step

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvscope.request import Request, SamplingParams
-from kvscope.spec_decode.ngram import NgramProposer, find_draft
+from kvscope.engine.request import Request, SamplingParams
+from kvscope.engine.spec_decode.ngram import NgramProposer, find_draft
 
 
 def draft(tokens, lo, hi, k):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.request import Request, SamplingParams
-from kvscope.spec_decode import rejection
-from kvscope.spec_decode.rejection import accept_greedy, accept_sampled, verify
+from kvscope.engine.request import Request, SamplingParams
+from kvscope.engine.spec_decode import rejection
+from kvscope.engine.spec_decode.rejection import accept_greedy, accept_sampled, verify
 
 V = 6
 P = torch.tensor([[0.40, 0.25, 0.15, 0.10, 0.06, 0.04], [0.05, 0.05, 0.10, 0.20, 0.25, 0.35],

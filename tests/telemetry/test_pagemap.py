@@ -139,7 +139,7 @@ def test_page_map_follows_window_freeing_and_groups(model_type):
     entries), a hybrid model's groups share the pool; the map must still match the pool every step,
     and say which group each held block is in."""
     from kvscope import Engine
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     engine = Engine(tiny_model(model_type), block_size=4, num_blocks=160, max_num_batched_tokens=16,
                     max_model_len=256)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from telemetry_util import PROMPT_A, greedy
 
-from kvscope.engine_telemetry import weights_bytes
-from kvscope.telemetry.probes import MemoryProbe, NvmlReader
+from kvscope.engine.source import weights_bytes
+from kvscope.telemetry.memory import MemoryProbe, NvmlReader
 
 DEVICE_KEYS = {
     "device_used_bytes",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvscope import Engine, Run, SamplingParams
-from kvscope.models import build_tiny_model
+from kvscope.models.loader import build_tiny_model
 from kvscope.telemetry.serialize import step_from_dict, step_to_dict
 
 torch.set_num_threads(1)
@@ -53,7 +53,7 @@ def test_older_files_without_the_field_still_load(windowed_run):
 
 def test_page_map_entries_name_their_kv_group():
     """A hybrid's blocks say which group's table they are in; files carry the group only where it is not 0."""
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     engine = Engine(tiny_model("gemma3_text"), block_size=BLOCK, num_blocks=256, max_model_len=256)
     engine.generate([list(range(5, 45))], SamplingParams(max_tokens=8, ignore_eos=True))

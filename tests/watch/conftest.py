@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python
+from kvscope.watch.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python
 
 sys.path.insert(0, os.path.dirname(__file__))  # real_vllm_util
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.vllm_demo import VllmServer, start_vllm
+from kvscope.watch.vllm_demo import VllmServer, start_vllm
 
 
 def serve(python: Path, model: Path, workdir: Path, **kwargs) -> Iterator[VllmServer]:

@@ -16,9 +16,9 @@ from kvscope.widgets.compare import build_comparison
 from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
 
 from kvscope import Engine
-from kvscope.comparison import compare
-from kvscope.run import Run
-from kvscope.workload import synthetic_workload
+from kvscope.runs.comparison import compare
+from kvscope.runs.run import Run
+from kvscope.runs.workload import synthetic_workload
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 

@@ -11,8 +11,8 @@ from kvscope.widgets.report import Replay
 from kvscope.widgets.transport import Pacer, ViewGate, parse_ack
 
 from kvscope import Engine
-from kvscope.live import LiveRun
-from kvscope.workload import synthetic_workload
+from kvscope.runs.live import LiveRun
+from kvscope.runs.workload import synthetic_workload
 
 pytestmark = pytest.mark.timeout(120)
 SERIES = ("memory", "occupancy", "batch", "latency")

@@ -14,7 +14,7 @@ from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
 from kvscope.widgets.panels.timeline import TimelinePanel
 from kvscope.widgets.stats import LatencyStats
 
-from kvscope.telemetry import metrics
+from kvscope.telemetry import frames as metrics
 from kvscope.telemetry.records import FREE_PAGE, PageEntry
 
 pytestmark = pytest.mark.timeout(60)
@@ -226,8 +226,8 @@ def test_page_map_title_names_the_kv_cache_groups():
     from kvscope.widgets.panels.page_map import kv_groups_label
 
     from kvscope import Engine, Run
-    from kvscope.request import SamplingParams
-    from kvscope.zoo import tiny_model
+    from kvscope.engine.request import SamplingParams
+    from kvscope.models.zoo import tiny_model
 
     assert kv_groups_label({}) is None
     full = {"kv_cache_groups": {"groups": [{"layers": [0, 1], "sliding_window": None}], "num_slots": 2}}

@@ -69,8 +69,8 @@ def test_a_live_speculative_run_fills_the_panels_and_a_loaded_one_replays_them(t
 
     import kvscope
     from kvscope import Engine
-    from kvscope.live import LiveRun
-    from kvscope.workload import synthetic_workload
+    from kvscope.runs.live import LiveRun
+    from kvscope.runs.workload import synthetic_workload
 
     engine = Engine("tiny", num_blocks=64, block_size=4, max_num_seqs=4, speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})

@@ -18,9 +18,9 @@ VIEWS_JS = """(type) => [...Bokeh.index.all_views()].filter(v => v.model.type ==
 def spec_run():
     """The tiny model with an early-exit draft (its first layer), small blocks, a few requests."""
     from kvscope import Engine, SamplingParams
-    from kvscope.models import build_tiny_model, build_tiny_tokenizer
-    from kvscope.run import Run
-    from kvscope.spec_decode.draft_model import early_exit_draft
+    from kvscope.engine.spec_decode.draft_model import early_exit_draft
+    from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer
+    from kvscope.runs.run import Run
 
     target = build_tiny_model("llama")
     engine = Engine(target, tokenizer=build_tiny_tokenizer(), block_size=4, num_blocks=96, speculative_config={

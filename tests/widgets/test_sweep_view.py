@@ -8,8 +8,8 @@ import pytest
 from kvscope.widgets.sweep_view import SweepView
 from nbclient import NotebookClient
 
-from kvscope.sweep import Sweep, default_args, plan_from_args
-from kvscope.sweep_options import Values
+from kvscope.options.sweep import Values
+from kvscope.runs.sweep import Sweep, default_args, plan_from_args
 
 
 def _plan(**options):
@@ -49,7 +49,7 @@ def test_a_failed_run_shows_in_the_view():
 def test_in_a_notebook_the_sweep_shows_its_table_and_dashboards():
     cells = [
         "%load_ext kvscope",
-        "from kvscope.magic_sweep import magic_sweep\n"
+        "from kvscope.magic.sweep import magic_sweep\n"
         "cmp = magic_sweep('--block-size 8,16 --requests 3 --prompt-len 8-24 --output-len 4 --wait -o')",
         "print(cmp.labels, len(cmp.runs), cmp.errors)",
     ]

@@ -20,7 +20,7 @@ from kvscope.widgets.stats import LatencyStats
 from kvscope.widgets.watch_dashboard import WatchDashboard
 from kvscope.widgets.watch_report import build_watch_report, save_html
 
-from kvscope.run import Run
+from kvscope.runs.run import Run
 from kvscope.watch.events import EventBatch, parse_event
 from kvscope.watch.metrics import parse
 from kvscope.watch.source import WatchSource

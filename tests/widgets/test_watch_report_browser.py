@@ -8,7 +8,7 @@ from kvscope.widgets.watch_report import save_html
 from test_watch_panels import Fleet, stored  # (it puts tests/watch, the fakes' folder, on the path)
 from widget_util import COUNT_VIEWS_JS
 
-from kvscope.run import Run
+from kvscope.runs.run import Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

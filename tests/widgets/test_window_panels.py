@@ -8,7 +8,7 @@ from kvscope.widgets.panels.base import PanelContext
 from kvscope.widgets.panels.occupancy import OccupancyPanel
 
 from kvscope import Engine, Run, SamplingParams
-from kvscope.models import build_tiny_model
+from kvscope.models.loader import build_tiny_model
 
 torch.set_num_threads(1)
 
@@ -40,7 +40,7 @@ def test_no_line_without_a_window():
 def test_page_map_cells_carry_the_kv_group():
     from kvscope.widgets.panels.page_map import PageMapPanel
 
-    from kvscope.zoo import tiny_model
+    from kvscope.models.zoo import tiny_model
 
     engine = Engine(tiny_model("gemma3_text"), block_size=4, num_blocks=256, max_model_len=256)
     engine.generate([list(range(5, 45))], SamplingParams(max_tokens=8, ignore_eos=True))

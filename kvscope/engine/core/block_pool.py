@@ -1,0 +1,286 @@
+"""The pool of KV pages ("blocks") with reference counts and a prefix cache.
+
+Every block is in exactly one of three states:
+
+- **used**: ``ref_cnt > 0``; it sits in the block table of ``ref_cnt`` live requests;
+- **free, cached**: ``ref_cnt == 0`` but it still holds the K/V of a full block of tokens and is
+  findable by its ``block_hash``; it can be revived by a prefix-cache hit, or evicted (least recently
+  freed first) when a fresh block is needed;
+- **free, empty**: ``ref_cnt == 0`` and nothing worth keeping.
+
+``FreeBlockQueue`` hands out empty blocks first and evicts cached ones in LRU order; every operation is
+O(1).
+
+Prefix caching (the idea of vLLM's automatic prefix caching): a *full* block of tokens gets a chained
+hash ``hash((parent_hash, token_ids))``, so equal hashes mean "same tokens after the same prefix". The
+hash only finds a candidate. Before a candidate is served it is *verified*: its stored token ids must
+equal the request's, and its parent must be exactly the block matched one position earlier (same
+object, same ``epoch``; the epoch changes whenever a block is evicted and reused). By induction the
+whole prefix is then equal token for token, so a hash collision can cost a cache miss but can never
+serve wrong KV.
+
+KV cache groups (``kvscope.engine.core.kv_groups``): every group has its own block tables and its own prefix index
+in this one pool, keyed by ``(group, hash)`` (plain ``hash`` for group 0, as without groups), and a
+block remembers the group it was last allocated to (``KVBlock.group``). A sliding group's request drops
+blocks that left its window (``free(..., window=True)``, event ``"window_freed"`` when the last
+reference goes); they stay cached, findable by a later request's prefix lookup. The verification rule
+is unchanged in every group: a hit chain must be indexed and verified from the sequence's first block,
+so a sliding group serves a prefix only while the whole chain is still cached, even the blocks outside
+the window that it then does not take (see ``KVCacheManager.get_computed_blocks``). This is stricter
+than vLLM, which looks up only the blocks inside the window, and keeps the by-induction argument whole:
+a block whose parent is unknown is never served.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvscope.telemetry.records import (
+    BLOCK_ALLOCATED,
+    BLOCK_CACHED,
+    BLOCK_EVICTED,
+    BLOCK_FREED,
+    BLOCK_HIT,
+    BLOCK_RELEASED,
+    BLOCK_WINDOW_FREED,
+    BlockEventListener,
+)
+
+ROOT_HASH = 0x6B7673636F7065  # "kvscope": the parent hash of a sequence's first block
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHash:
+    """Chained hash of one full block plus the tokens it covers (for verification)."""
+
+    value: int
+    token_ids: tuple[int, ...]
+
+
+def hash_block_tokens(parent_value: int, token_ids: tuple[int, ...]) -> int:
+    """Deterministic across processes: Python hashes ints and tuples of ints without a random salt."""
+    return hash((parent_value, token_ids))
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+    parent: KVBlock | None = None  # the block before this one in the sequence it was cached from
+    parent_epoch: int = 0
+    epoch: int = 0  # bumped each time the block's cached contents are dropped
+    group: int = 0  # the KV cache group it was last allocated to (kvscope.engine.core.kv_groups)
+
+
+def cache_key(group: int, value: int) -> int | tuple[int, int]:
+    """The prefix index's key of a hash in a group (the bare hash in group 0)."""
+    return value if group == 0 else (group, value)
+
+
+class FreeBlockQueue:
+    """Free blocks: empty ones first (a stack), then cached ones, least recently freed first."""
+
+    def __init__(self, blocks: Iterable[KVBlock]) -> None:
+        self.empty: list[KVBlock] = list(reversed(list(blocks)))  # pop() hands out block 0 first
+        self.cached: OrderedDict[int, KVBlock] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.empty) + len(self.cached)
+
+    def append(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            self.empty.append(block)
+        else:
+            self.cached[block.block_id] = block
+
+    def pop(self) -> KVBlock:
+        if self.empty:
+            return self.empty.pop()
+        return self.cached.popitem(last=False)[1]
+
+    def remove(self, block: KVBlock) -> None:
+        """Take a free cached block out of the queue (a prefix-cache hit revives it)."""
+        del self.cached[block.block_id]
+
+
+class BlockPool:
+    """Allocation, reference counting and the prefix-cache index over ``num_blocks`` pages.
+
+    Block events ``listener(kind, block_id)`` (kinds and their meaning: ``telemetry.records.
+    BLOCK_EVENT_KINDS``) go to every listener in ``listeners``; the engine connects telemetry's page
+    map here. With no listener no event is built.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} must be at least 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[int | tuple[int, int], KVBlock] = {}  # cache_key(group, hash value) -> block
+        self.listeners: list[BlockEventListener] = []
+        self.hash_fn = hash_block_tokens
+        # counters (tokens, like vLLM's prefix_cache_queries / prefix_cache_hits)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_evictions = 0
+        self.num_window_freed_blocks = 0  # cumulative: blocks whose last holder dropped them (window)
+        self.used_per_group: dict[int, int] = {}  # KV cache group -> its blocks with ref_cnt > 0
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self.free_queue.cached)
+
+    def _emit(self, kind: str, block_id: int) -> None:
+        for listener in self.listeners:
+            listener(kind, block_id)
+
+    # ---- allocation ----------------------------------------------------------------------------
+    def allocate(self, n: int, group: int = 0) -> list[KVBlock]:
+        """Take ``n`` free blocks (evicting cached ones if needed) with ``ref_cnt = 1`` for ``group``."""
+        if n > len(self.free_queue):
+            raise RuntimeError(f"asked for {n} blocks but only {len(self.free_queue)} are free")
+        out = []
+        for _ in range(n):
+            block = self.free_queue.pop()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            block.group = group
+            out.append(block)
+            self.used_per_group[group] = self.used_per_group.get(group, 0) + 1
+            if self.listeners:
+                self._emit(BLOCK_ALLOCATED, block.block_id)
+        return out
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            raise RuntimeError(f"block {block.block_id} was evicted but holds no cached contents")
+        key = cache_key(block.group, block.block_hash.value)
+        if self.cached.get(key) is block:
+            del self.cached[key]
+        block.block_hash = None
+        block.parent = None
+        block.epoch += 1
+        self.num_evictions += 1
+        if self.listeners:
+            self._emit(BLOCK_EVICTED, block.block_id)
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take a reference on prefix-cache hits (reviving them from the free queue if needed)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+                self.used_per_group[block.group] = self.used_per_group.get(block.group, 0) + 1
+            block.ref_cnt += 1
+            if self.listeners:
+                self._emit(BLOCK_HIT, block.block_id)
+
+    def free(self, blocks: Iterable[KVBlock], window: bool = False) -> None:
+        """Drop one reference from each block. Pass a sequence's blocks tail first, so that its tail is
+        evicted before its prefix (the prefix is the part other requests are likely to share).
+        ``window``: the blocks left a sliding window (their last release is a ``"window_freed"``)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"block {block.block_id} freed more often than allocated (ref_cnt 0)")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+                self.used_per_group[block.group] -= 1
+                if window:
+                    self.num_window_freed_blocks += 1
+                if self.listeners:
+                    self._emit(BLOCK_WINDOW_FREED if window else BLOCK_FREED, block.block_id)
+            elif self.listeners:
+                self._emit(BLOCK_RELEASED, block.block_id)
+
+    # ---- prefix cache ----------------------------------------------------------------------------
+    def hash_blocks(self, token_ids: list[int], start: list[BlockHash]) -> list[BlockHash]:
+        """Extend the chain ``start`` (hashes of the first full blocks) over all full blocks of ``token_ids``."""
+        bs = self.block_size
+        chain = start
+        parent = chain[-1].value if chain else ROOT_HASH
+        for i in range(len(chain), len(token_ids) // bs):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            parent = self.hash_fn(parent, tokens)
+            chain.append(BlockHash(parent, tokens))
+        return chain
+
+    def find_cached_prefix(self, hashes: list[BlockHash], group: int = 0) -> list[KVBlock]:
+        """Longest verified run of ``group``'s cached blocks matching ``hashes`` from the start (see
+        module doc)."""
+        hits: list[KVBlock] = []
+        prev: KVBlock | None = None
+        for h in hashes:
+            block = self.cached.get(cache_key(group, h.value))
+            if block is None or block.block_hash is None or block.block_hash.token_ids != h.token_ids:
+                break
+            if block.parent is not prev or (prev is not None and block.parent_epoch != prev.epoch):
+                break
+            hits.append(block)
+            prev = block
+        return hits
+
+    def cache_block(self, block: KVBlock, block_hash: BlockHash, parent: KVBlock | None) -> None:
+        """Make a full, used block findable in its group's index. If a valid block already holds this
+        hash, the first one stays in the index and this one stays uncached (it is freed as empty later);
+        so does a block whose parent is not findable, since no lookup could ever reach it."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if parent is not None and not self._is_indexed(parent):
+            return
+        key = cache_key(block.group, block_hash.value)
+        existing = self.cached.get(key)
+        if existing is not None:
+            if self._is_valid(existing):
+                return
+            self.uncache([existing])  # stale: its prefix was evicted
+        block.block_hash = block_hash
+        block.parent = parent
+        block.parent_epoch = parent.epoch if parent is not None else 0
+        self.cached[key] = block
+        if self.listeners:
+            self._emit(BLOCK_CACHED, block.block_id)
+
+    def _is_indexed(self, block: KVBlock) -> bool:
+        h = block.block_hash
+        return h is not None and self.cached.get(cache_key(block.group, h.value)) is block
+
+    def _is_valid(self, block: KVBlock) -> bool:
+        parent = block.parent
+        return parent is None or (self._is_indexed(parent) and block.parent_epoch == parent.epoch)
+
+    def uncache(self, blocks: Iterable[KVBlock]) -> None:
+        """Forget cached contents that turned out invalid (a forward pass failed before writing them)."""
+        for block in blocks:
+            if block.block_hash is not None:
+                key = cache_key(block.group, block.block_hash.value)
+                if self.cached.get(key) is block:
+                    del self.cached[key]
+                if block.ref_cnt == 0:  # move it from the cached part of the queue to the empty part
+                    self.free_queue.remove(block)
+                    block.block_hash = None
+                    self.free_queue.append(block)
+                block.block_hash = None
+                block.parent = None
+                block.epoch += 1
+                if self.listeners:
+                    self._emit(BLOCK_EVICTED, block.block_id)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached-but-free block's contents (used blocks keep theirs until freed)."""
+        self.uncache([b for b in self.blocks if b.block_hash is not None and b.ref_cnt == 0])

@@ -1,0 +1,227 @@
+"""Request-level view of the block pool: block tables, prefix-cache lookups, slot allocation.
+
+One ``KVCacheManager`` serves every KV cache group (``kvscope.engine.core.kv_groups``; one group unless the model
+is hybrid): a request has one block table per group, all drawn from the one ``BlockPool``, and every
+group's table covers the same token positions. A sliding group drops the blocks that left its window
+(``remove_skipped_blocks``, at the start of each ``allocate_slots``, as in vLLM); their entries become
+``NULL_BLOCK``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.engine.config import cdiv
+from kvscope.engine.core.block_pool import BlockPool, KVBlock
+from kvscope.engine.core.kv_groups import (
+    NULL_BLOCK,
+    KVCacheConfig,
+    max_blocks_held,
+    num_skipped_blocks,
+    single_group,
+)
+from kvscope.engine.request import Request
+
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """A prefix-cache hit of ``num_blocks`` blocks in every group (vLLM's ``KVCacheBlocks``):
+    ``blocks[g][i]`` is group ``g``'s block ``i``, or None where a sliding group does not need it."""
+
+    blocks: list[list[KVBlock | None]]
+    num_blocks: int = 0
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+
+class KVCacheManager:
+    """Grows and frees the block tables of requests on top of a ``BlockPool``.
+
+    Full blocks are offered to the prefix cache as soon as they are *scheduled* to be filled, not after
+    the forward pass: within one forward pass every layer stores the K/V of all tokens before it
+    attends, so a request scheduled later in the same step can already share them. If the forward pass
+    fails, ``rollback_step`` forgets those blocks again. ``begin_step`` (the scheduler calls it first
+    thing in ``schedule``) starts a step's list of them afresh.
+
+    ``max_num_batched_tokens`` (the most tokens one step computes for a request) bounds how many blocks
+    a sliding group holds at once, for ``can_fit``.
+    """
+
+    def __init__(self, pool: BlockPool, kv_config: KVCacheConfig | None = None,
+                 max_num_batched_tokens: int | None = None) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.kv_config = kv_config or single_group(1)
+        self.windows = [g.sliding_window for g in self.kv_config.groups]
+        self.num_groups = len(self.windows)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._num_offered: dict[str, int] = {}  # request id -> full blocks already offered to the cache
+        # request id -> per group, the last block offered and its epoch (its next block's parent);
+        # None: the chain is broken (a block left the window before it was offered)
+        self._parents: dict[str, list[tuple[KVBlock, int] | None]] = {}
+        self.cached_this_step: list[KVBlock] = []  # blocks offered to the cache in the current step
+
+    def begin_step(self) -> None:
+        """A new step is being scheduled: the previous one's forward pass succeeded, keep its blocks."""
+        self.cached_this_step = []
+
+    def tables(self, request: Request) -> list[list[int]]:
+        """The request's block table per group (made on first use)."""
+        if len(request.extra_block_ids) != self.num_groups - 1:
+            request.extra_block_ids = [[] for _ in range(self.num_groups - 1)]
+        return request.block_tables
+
+    def blocks_of(self, request: Request) -> list[KVBlock]:
+        """The blocks the request holds, every group's (null entries left out)."""
+        blocks = self.pool.blocks
+        return [blocks[i] for table in self.tables(request) for i in table if i != NULL_BLOCK]
+
+    def get_computed_blocks(self, request: Request) -> KVCacheBlocks:
+        """Cached blocks that match the start of a request that has nothing computed yet.
+
+        At least one token is always left to compute, since the step must produce its logits. The hit
+        is the longest ``n`` that every group serves: each group's verified chain (``BlockPool``'s
+        rule, from the first block) is prefix-closed, so the shortest chain is the fixed point that
+        vLLM's coordinator iterates to. A sliding group then takes only the blocks that a query at
+        ``n * block_size`` can read; the earlier ones become null entries.
+        """
+        empty = KVCacheBlocks([[] for _ in self.windows])
+        if not self.pool.enable_caching or request.num_computed_tokens > 0:
+            return empty
+        hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes)
+        n = (request.num_tokens - 1) // self.block_size
+        chains = []
+        for g in range(self.num_groups):
+            chains.append(self.pool.find_cached_prefix(hashes[:n], g) if n else [])
+            n = min(n, len(chains[-1]))
+        if n == 0:
+            return empty
+        out: list[list[KVBlock | None]] = []
+        for window, chain in zip(self.windows, chains):
+            skip = num_skipped_blocks(window, n * self.block_size, self.block_size)
+            out.append([None] * skip + list(chain[skip:n]))
+        return KVCacheBlocks(out, n)
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """The most blocks a request of ``num_tokens`` tokens holds at once, over all groups."""
+        step = self.max_num_batched_tokens or num_tokens
+        return sum(max_blocks_held(w, num_tokens, self.block_size, step) for w in self.windows)
+
+    def can_fit(self, request: Request, num_tokens: int) -> bool:
+        """Could the whole pool ever hold ``num_tokens`` tokens of this request?"""
+        return self.num_blocks_needed(num_tokens) <= self.pool.num_blocks
+
+    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Give back every sliding group's blocks that no query from ``num_computed_tokens`` on reads
+        (``kv_groups.num_skipped_tokens``); their entries become ``NULL_BLOCK``. Null entries are a
+        prefix of the table, so this walks back from the boundary over the new ones only, freeing the
+        later blocks first (the earliest, most shareable prefix is evicted last)."""
+        blocks = self.pool.blocks
+        for window, table in zip(self.windows, self.tables(request)):
+            if not window:
+                continue
+            dropped = []
+            i = min(num_skipped_blocks(window, num_computed_tokens, self.block_size), len(table)) - 1
+            while i >= 0 and table[i] != NULL_BLOCK:
+                dropped.append(blocks[table[i]])
+                table[i] = NULL_BLOCK
+                i -= 1
+            if dropped:
+                self.pool.free(dropped, window=True)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, hits: KVCacheBlocks | list[KVBlock] | None = None
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens (after the prefix-cache ``hits``, if any).
+
+        First gives back the blocks that left a sliding window (always safe). Returns False, changing
+        nothing else, when the pool has too few free blocks.
+        """
+        bs = self.block_size
+        if not isinstance(hits, KVCacheBlocks):  # a plain list: group 0's hits (one group)
+            hits = KVCacheBlocks([list(hits or [])], len(hits or []))
+        tables = self.tables(request)
+        self.remove_skipped_blocks(request, request.num_computed_tokens)
+        num_hits = len(hits)
+        num_total = request.num_computed_tokens + num_hits * bs + num_new_tokens
+        num_new_blocks = [cdiv(num_total, bs) - len(t) - num_hits for t in tables]
+        hit_blocks = [b for group in hits.blocks for b in group if b is not None]
+        revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hits that leave the free queue
+        if sum(max(0, n) for n in num_new_blocks) > self.pool.num_free_blocks - revived:
+            return False
+        if request.num_computed_tokens == 0 and self.pool.enable_caching:  # count admissions, not retries
+            self.pool.prefix_cache_queries += request.num_tokens
+            self.pool.prefix_cache_hits += num_hits * bs
+        if num_hits:
+            self.pool.touch(hit_blocks)
+            for table, group in zip(tables, hits.blocks):
+                table.extend(NULL_BLOCK if b is None else b.block_id for b in group)
+            self._num_offered[request.request_id] = num_hits
+            self._parents[request.request_id] = [(g[-1], g[-1].epoch) for g in hits.blocks]
+        for g, (table, n) in enumerate(zip(tables, num_new_blocks)):
+            if n > 0:
+                table.extend(b.block_id for b in self.pool.allocate(n, g))
+        if self.pool.enable_caching:  # only tokens the request has: draft tokens never enter the cache
+            self._offer_full_blocks(request, min(num_total, request.num_tokens))
+        return True
+
+    def _offer_full_blocks(self, request: Request, num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        rid = request.request_id
+        start = self._num_offered.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self.pool.hash_blocks(request.all_token_ids[:num_tokens], request.block_hashes)
+        blocks = self.pool.blocks
+        parents = self._parents.get(rid) or [None] * self.num_groups
+        for g, table in enumerate(self.tables(request)):
+            last = parents[g] if start > 0 else (None, 0)
+            parent = None
+            if last is not None and last[0] is not None:
+                parent = last[0] if last[0].epoch == last[1] else None
+                last = last if parent is not None else None  # reused since: the chain is broken
+            for i in range(start, num_full):
+                if last is None or table[i] == NULL_BLOCK:  # no known parent: nothing more is findable
+                    last = None
+                    break
+                block = blocks[table[i]]
+                if block.block_hash is None:
+                    self.pool.cache_block(block, hashes[i], parent)
+                    if block.block_hash is not None:
+                        self.cached_this_step.append(block)
+                parent, last = block, (block, block.epoch)
+            parents[g] = last
+        self._parents[rid] = parents
+        self._num_offered[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, tail first (see ``BlockPool.free``)."""
+        blocks = self.pool.blocks
+        for table in self.tables(request):
+            self.pool.free([blocks[i] for i in reversed(table) if i != NULL_BLOCK])
+        request.block_ids = []
+        request.extra_block_ids = [[] for _ in range(self.num_groups - 1)]
+        self._num_offered.pop(request.request_id, None)
+        self._parents.pop(request.request_id, None)
+
+    def trim(self, request: Request) -> list[int]:
+        """Free the tail blocks that hold none of the request's computed tokens (the slots of rejected
+        draft tokens) in every group; returns group 0's ids. Blocks offered to the prefix cache are
+        never among them, nor are null entries (those hold tokens before the computed ones)."""
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        blocks, out = self.pool.blocks, []
+        for g, table in enumerate(self.tables(request)):
+            if len(table) <= keep:
+                continue
+            dropped = table[keep:]
+            del table[keep:]
+            self.pool.free([blocks[i] for i in reversed(dropped)])
+            if g == 0:
+                out = dropped
+        return out
+
+    def rollback_step(self) -> None:
+        """The step's forward pass failed: blocks cached for it hold no valid K/V."""
+        self.pool.uncache(self.cached_this_step)
+        self.cached_this_step = []

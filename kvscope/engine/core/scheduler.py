@@ -1,0 +1,319 @@
+"""Continuous batching under one token budget per step (the scheduling idea of vLLM v1).
+
+There are no separate prefill and decode phases. Each step the scheduler hands out at most
+``max_num_batched_tokens`` tokens and keeps at most ``max_num_seqs`` requests running:
+
+1. **Running requests first**, in admission order. A request in decode gets 1 token; one still
+   prefilling gets the rest of its prompt, cut to what is left of the budget (a *chunk*). If the pool
+   cannot hold the new tokens, the most recently admitted running request is **preempted**: its blocks
+   are freed (cached ones stay findable, so resuming is often cheap), its progress is reset to zero,
+   and it goes to the front of the waiting queue to be recomputed later.
+2. **Then waiting requests**, in arrival order, only if nobody was preempted this step: each first
+   looks up its prompt in the prefix cache, then gets a chunk of what remains. A request that could
+   never fit in the whole pool fails at once with a reason, so it cannot stall the queue.
+
+The result is a ``SchedulerOutput``; the engine runs it and hands the sampled tokens back to
+``update_from_output`` (vLLM's name), which owns the step's second half: progress, new tokens, stop
+conditions, finishing. ``make_stats`` reads the counters telemetry records after each step.
+
+Speculative decoding: a decoding request with drafts (``request.spec_token_ids``, set by the engine's
+``Speculator`` before scheduling) is scheduled its last sampled token plus the drafts that fit in the
+budget; their KV slots are allocated like any token's (never offered to the prefix cache), and if the
+pool cannot hold them the drafts are dropped before anyone is preempted. ``update_from_output`` keeps
+the accepted drafts, moves ``num_computed_tokens`` back past the rejected ones and gives back the
+blocks that held only rejected drafts (``KVCacheManager.trim``).
+
+Sliding windows: ``KVCacheManager.allocate_slots`` first gives back the blocks of a running request
+that left the window of every layer reading them (from ``num_computed_tokens``, never counting drafts),
+so a long request on a windowed model holds about ``window / block_size`` blocks per sliding group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.request import Request, RequestStatus
+from kvscope.telemetry.records import SchedulerStats
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes: ``requests[i]`` gets ``num_tokens[i]`` new tokens."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    is_decode: list[bool] = field(default_factory=list)  # one new token after an output token
+    admitted: list[Request] = field(default_factory=list)  # left the waiting queue this step
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # could never fit; finished with an error
+    total_num_tokens: int = 0
+    # request id -> the drafts verified this step, after its last sampled token (vLLM's name)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(slots=True)
+class SchedulerUpdate:
+    """What ``update_from_output`` did (vLLM: ``EngineCoreOutputs``)."""
+
+    requests: list[Request] = field(default_factory=list)  # got a token this step, in sampling order
+    token_ids: list[int] = field(default_factory=list)  # the token each got
+    finished: list[Request] = field(default_factory=list)  # of those, finished by a stop condition
+    # speculative decoding, by request id: the accepted drafts it got before ``token_ids[i]``, and the
+    # blocks that held only rejected drafts and went back to the pool
+    spec_accepted: dict[str, list[int]] = field(default_factory=dict)
+    spec_freed: dict[str, list[int]] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv: KVCacheManager,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids  # end a request unless its params say ignore_eos
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        self.kv.begin_step()
+        out = SchedulerOutput()
+        self._schedule_running(out)
+        if not out.preempted:
+            self._schedule_waiting(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> None:
+        i = 0
+        while i < len(self.running) and out.total_num_tokens < self.config.max_num_batched_tokens:
+            request = self.running[i]
+            budget = self.config.max_num_batched_tokens - out.total_num_tokens
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = request.spec_token_ids
+            if drafts:  # a decode with drafts: verify those that fit in the budget
+                request.spec_token_ids = []
+                drafts = drafts[: budget - 1] if request.num_computed_tokens == request.num_tokens - 1 else []
+                num_new += len(drafts)
+            while not self.kv.allocate_slots(request, num_new):
+                if drafts:  # no room for the drafts: drop them rather than preempt anyone
+                    num_new -= len(drafts)
+                    drafts = []
+                    continue
+                victim = self.running.pop()  # the most recently admitted
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    return
+            if drafts:
+                out.scheduled_spec_decode_tokens[request.request_id] = drafts
+            self._add(out, request, num_new, len(drafts))
+            i += 1
+
+    def _schedule_waiting(self, out: SchedulerOutput) -> None:
+        cfg = self.config
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            budget = cfg.max_num_batched_tokens - out.total_num_tokens
+            if budget <= 0:
+                break
+            request = self.waiting[0]
+            final_len = min(
+                request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len
+            )
+            if not self.kv.can_fit(request, final_len):
+                self.waiting.popleft()
+                bs, total = self.kv.block_size, self.kv.pool.num_blocks
+                self._fail(
+                    request,
+                    out,
+                    (
+                        f"request {request.request_id} needs {self.kv.num_blocks_needed(final_len)} blocks of {bs} tokens "
+                        f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
+                        "raise num_blocks / kv_cache_memory, or lower max_tokens"
+                    ),
+                )
+                continue
+            hits = self.kv.get_computed_blocks(request)
+            num_computed = len(hits) * self.kv.block_size
+            num_new = request.num_tokens - num_computed
+            if not cfg.enable_chunked_prefill and num_new > budget:
+                if num_new > cfg.max_num_batched_tokens:  # would never fit in one step
+                    self.waiting.popleft()
+                    self._fail(
+                        request,
+                        out,
+                        (
+                            f"request {request.request_id} has {num_new} tokens to prefill but chunked prefill is "
+                            f"off and a step holds {cfg.max_num_batched_tokens}; turn enable_chunked_prefill on "
+                            "or raise max_num_batched_tokens"
+                        ),
+                    )
+                    continue
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(request, num_new, hits):
+                break  # wait for running requests to free blocks
+            self.waiting.popleft()
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.admitted.append(request)
+            self._add(out, request, num_new)
+
+    @staticmethod
+    def _fail(request: Request, out: SchedulerOutput, error: str) -> None:
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = error
+        out.failed.append(request)
+
+    @staticmethod
+    def _add(out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
+        out.requests.append(request)
+        out.num_tokens.append(num_new)
+        out.is_decode.append(num_new - num_drafts == 1 and request.num_output_tokens > 0)
+        out.total_num_tokens += num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.spec_token_ids = []
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- after the step --------------------------------------------------------------------------
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int],
+        num_accepted: dict[str, int] | None = None,
+    ) -> SchedulerUpdate:
+        """The step ran: ``sampled[i]`` (the requests that reached the end of their known tokens)
+        got ``token_ids[i]``. Advance every scheduled request, append the tokens, and finish the
+        requests that hit a stop token, EOS, ``max_tokens`` or ``max_model_len`` (their blocks are
+        freed and they leave ``running``). With drafts (``out.scheduled_spec_decode_tokens``),
+        ``num_accepted[request_id]`` of a request's drafts were accepted and ``token_ids[i]`` follows
+        them (see ``_update_speculative``)."""
+        for request, n in zip(out.requests, out.num_tokens):
+            request.num_computed_tokens += n
+        if out.scheduled_spec_decode_tokens:
+            return self._update_speculative(out, sampled, token_ids, num_accepted or {})
+        finished = []
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        for request, token in zip(sampled, token_ids):
+            request.append_token(token)
+            params = request.sampling_params
+            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
+                status = RequestStatus.FINISHED_STOPPED
+            elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_len:
+                status = RequestStatus.FINISHED_LENGTH
+            else:
+                continue
+            self.finish(request, status)
+            finished.append(request)
+        return SchedulerUpdate(sampled, token_ids, finished)
+
+    def _update_speculative(self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int],
+                            num_accepted: dict[str, int]) -> SchedulerUpdate:
+        """``update_from_output`` of a step with drafts. A request with ``k`` drafts of which ``j`` were
+        accepted gets ``drafts[:j] + [token]``, checked for stop conditions one by one (a stop drops
+        what follows it); its ``num_computed_tokens`` goes back by the ``k - j`` rejected drafts, whose
+        K/V the next step overwrites, and the blocks that held only those go back to the pool."""
+        drafts_of = out.scheduled_spec_decode_tokens
+        eos, max_len = self.eos_token_ids, self.max_model_len
+        finished, last_tokens = [], []
+        update = SchedulerUpdate(sampled, last_tokens, finished)
+        for request, token in zip(sampled, token_ids):
+            rid = request.request_id
+            drafts = drafts_of.get(rid)
+            new = [token]
+            if drafts:
+                j = num_accepted.get(rid, 0)
+                request.num_computed_tokens -= len(drafts) - j
+                new = [*drafts[:j], token]
+            params, status, kept = request.sampling_params, None, 0
+            for t in new:
+                request.append_token(t)
+                kept += 1
+                if t in params.stop_token_ids or (t in eos and not params.ignore_eos):
+                    status = RequestStatus.FINISHED_STOPPED
+                elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_len:
+                    status = RequestStatus.FINISHED_LENGTH
+                if status is not None:
+                    break
+            last_tokens.append(new[kept - 1])
+            if drafts:
+                update.spec_accepted[rid] = new[: kept - 1]
+            if status is not None:
+                self.finish(request, status)
+                finished.append(request)
+            elif drafts:
+                freed = self.kv.trim(request)
+                if freed:
+                    update.spec_freed[rid] = freed
+        return update
+
+    def make_stats(self) -> SchedulerStats:
+        """Queue lengths, pool counts and prefix-cache counters now, in O(running requests).
+
+        ``tokens_stored``: every used block sits in the table of at least one running request, the
+        table of a running request covers exactly its computed tokens in each of the ``G`` KV cache
+        groups, and only full blocks are ever shared, so each extra holder of a shared block
+        over-counts exactly ``block_size`` tokens; so does each null entry (a full block that left a
+        sliding window), counted in the table's length but held by nobody.
+        """
+        pool, running = self.kv.pool, self.running
+        used = pool.num_used_blocks
+        groups = self.kv.num_groups
+        computed = groups * sum(r.num_computed_tokens for r in running)
+        table_entries = sum(len(r.block_ids) + sum(map(len, r.extra_block_ids)) for r in running)
+        return SchedulerStats(
+            num_running=len(running),
+            num_waiting=len(self.waiting),
+            num_blocks=pool.num_blocks,
+            blocks_used=used,
+            blocks_cached_free=pool.num_cached_free_blocks,
+            tokens_stored=computed - pool.block_size * (table_entries - used),
+            prefix_cache_queries=pool.prefix_cache_queries,
+            prefix_cache_hits=pool.prefix_cache_hits,
+            num_evictions=pool.num_evictions,
+            num_window_freed_blocks=pool.num_window_freed_blocks,
+            blocks_used_per_group=[pool.used_per_group.get(g, 0) for g in range(groups)],
+        )
+
+    def finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+        """End a request (stop, length, abort or error) and free its blocks. Idempotent."""
+        if request.is_finished:
+            return
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(request)
+        else:
+            with contextlib.suppress(ValueError):
+                self.running.remove(request)
+        self.kv.free(request)
+        request.status = status
+        if error is not None:
+            request.error = error
+
+    def drop_finished_running(self) -> None:
+        self.running = [r for r in self.running if not r.is_finished]

@@ -1,0 +1,117 @@
+"""``generate`` and ``stream``: whole calls over the engine's step API (vLLM's ``LLM.generate``).
+
+A mixin of ``Engine``: it uses the engine's lock (``_lock``), ``make_request`` / ``add_request`` /
+``step`` / ``abort`` / ``record_state`` / ``output`` / ``decode``. The lock is taken per step, not per
+call, so two threads' calls share the steps and both finish; each call re-checks under the lock
+whether its own requests are done (another thread's step may have finished them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvscope.engine.request import Request, RequestOutput, SamplingParams, StreamDelta
+from kvscope.engine.validation import is_one_prompt
+
+Prompt = str | list[int]  # also a tuple, or a 1-D integer np.ndarray / torch.Tensor, of token ids
+
+
+class GenerateMixin:
+    """Run prompts to completion (``generate``) or token by token (``stream``)."""
+
+    def _add_all(self, prompts: Prompt | Sequence[Prompt], params) -> list[Request]:
+        """Validate every prompt of a ``generate`` / ``stream`` call, then queue them all (under the lock,
+        so no step runs between). One bad prompt refuses the whole call, naming it ("prompt 3: ..."),
+        before anything is queued."""
+        if is_one_prompt(prompts):
+            prompts = [prompts]
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        with self._lock:
+            requests = []
+            for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+                try:
+                    request = self.make_request(prompt, p)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"prompt {i}: {exc}") from None
+                request.index = i
+                requests.append(request)
+            for request in requests:
+                self.add_request(request)
+        return requests
+
+    def _step_until(self, requests: list[Request]) -> bool:
+        """One step if any of ``requests`` is unfinished (checked under the lock: another thread may
+        have stepped them meanwhile); False once all are finished."""
+        with self._lock:
+            if all(r.is_finished for r in requests):
+                return False
+            self.step()
+            return True
+
+    def _abort_own(self, requests: list[Request]) -> None:
+        with self._lock:
+            for request in requests:
+                self.abort(request.request_id)
+            self.record_state()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; one ``RequestOutput`` per prompt, in order.
+
+        All prompts are validated before any runs (one bad prompt raises, naming it, and nothing
+        starts). A request that cannot run (e.g. larger than the whole pool) comes back with
+        ``finish_reason == "error"`` and ``error`` set; the rest go on. On an exception or
+        KeyboardInterrupt every request of this call is aborted before it propagates.
+        """
+        requests = self._add_all(prompts, params)
+        try:
+            while self._step_until(requests):
+                pass
+        except BaseException:
+            self._abort_own(requests)
+            raise
+        return [self.output(r) for r in requests]
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamDelta]:
+        """Yield tokens as they are produced (with the text each adds), then a final delta per request.
+
+        Deltas are read from the requests themselves, so tokens that a step driven by another thread
+        produced are yielded too. Closing the stream early aborts its requests."""
+        requests = self._add_all(prompts, params)
+        sent = [0] * len(requests)  # tokens yielded per request
+        texts = [""] * len(requests)
+        ended = [False] * len(requests)
+        try:
+            while not all(ended):
+                self._step_until(requests)
+                with self._lock:  # a consistent view: tokens so far and whether it ended
+                    states = [(list(r.output_token_ids[n:]), r.finish_reason) for r, n in zip(requests, sent)]
+                for i, (request, (new, reason)) in enumerate(zip(requests, states)):
+                    if ended[i]:
+                        continue
+                    for k, token in enumerate(new):
+                        sent[i] += 1
+                        last = reason is not None and k == len(new) - 1
+                        yield StreamDelta(request.request_id, i, token, self._text_delta(request, sent[i], texts, i),
+                                          last, reason if last else None)
+                    if reason is not None and not new:  # ended without a token (abort, error)
+                        yield StreamDelta(request.request_id, i, None, "", True, reason)
+                    ended[i] = reason is not None
+        finally:
+            self._abort_own(requests)
+
+    def _text_delta(self, request: Request, n: int, texts: list[str], i: int) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.decode(request.output_token_ids[:n])
+        delta, texts[i] = text[len(texts[i]) :], text
+        return delta

@@ -1,0 +1,233 @@
+"""ModelRunner: the HF model, its paged KV tensors, and the packing of one step into one flat batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvscope.engine.config import LayerSpec, ModelSpec
+from kvscope.engine.core.kv_groups import KVCacheConfig, single_group
+from kvscope.engine.core.scheduler import SchedulerOutput
+from kvscope.engine.request import Request
+from kvscope.engine.spec_decode.rejection import verify
+from kvscope.engine.worker.attention import AttentionMetadata, use_metadata
+from kvscope.engine.worker.sampler import sample
+from kvscope.kernels import KernelBackend
+
+
+@dataclass(slots=True)
+class ModelInput:
+    """One step, packed: all scheduled tokens of all requests as a single sequence ``[1, T]``."""
+
+    input_ids: torch.Tensor  # [1, T]
+    positions: torch.Tensor  # [1, T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [S]: packed positions whose logits produce a token
+    sample_requests: list[Request]  # request of each sampled token (its logits rows, in order)
+    num_tokens: int
+    # speculative decoding: the drafts of each sample request ([] for none), whose 1 + k logits rows
+    # are consecutive; None when nothing in the step has drafts
+    spec_drafts: list[list[int]] | None = None
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: ModelSpec,
+        block_size: int,
+        num_blocks: int,
+        backend: KernelBackend,
+        device: torch.device,
+        kv_config: KVCacheConfig | None = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.block_size = block_size
+        self.backend = backend
+        self.device = device
+        # one spec per KV layer (the probe's), or num_layers alike ones from the spec's fields
+        self.layers: tuple[LayerSpec, ...] = spec.layers or (
+            LayerSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim),
+        ) * spec.num_layers
+        # KV cache groups (kvscope.engine.core.kv_groups): layer i lives in slot layer_slot[i], read through its
+        # group's block table; without groups every layer is its own slot of one group
+        self.kv_config = kv_config or single_group(len(self.layers))
+        self.kv_slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv(num_blocks)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """Per slot, K pages ``[num_blocks, block_size, num_kv_heads, head_dim]`` and V pages
+        ``[..., head_dim_v]`` of its layers' shape, zeroed (so a masked-out page never holds NaN);
+        ``kv_caches[i]`` is KV layer ``i``'s slot (the j-th layer of every group shares slot j)."""
+        self.kv_caches, self.kv_slots = [], []  # free the old pages first
+        dev, dtype, bs, cfg = self.device, self.spec.dtype, self.block_size, self.kv_config
+        shape_of = {}  # slot -> the first layer that uses it (all its layers have one page shape)
+        for i, slot in enumerate(cfg.layer_slot):
+            shape_of.setdefault(slot, self.layers[i])
+        self.kv_slots = [
+            (
+                torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.head_dim), dtype=dtype, device=dev),
+                torch.zeros((num_blocks, bs, layer.num_kv_heads, layer.value_dim), dtype=dtype, device=dev),
+            )
+            for layer in (shape_of[j] for j in range(cfg.num_slots))
+        ]
+        self.kv_caches = [self.kv_slots[slot] for slot in cfg.layer_slot]
+        self.num_blocks = num_blocks
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_slots)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """What one block id holds: a page in every slot."""
+        return self.kv_cache_bytes // max(1, self.num_blocks)
+
+    def prepare(self, sched: SchedulerOutput) -> ModelInput:
+        """Pack the scheduled tokens: decodes (one token) first, then prefill chunks.
+
+        The per-request loop only gathers Python lists; positions, slots and offsets are computed with
+        numpy over all tokens at once.
+        """
+        # Decodes first, shortest context first (the torch path buckets them by length), then prefills.
+        order = sorted(
+            range(len(sched.requests)),
+            key=lambda i: (0, sched.requests[i].num_computed_tokens) if sched.num_tokens[i] == 1 else (1, 0),
+        )
+        requests = [sched.requests[i] for i in order]
+        query_lens = [sched.num_tokens[i] for i in order]
+        starts = [r.num_computed_tokens for r in requests]
+        num_decodes = sum(1 for n in query_lens if n == 1)
+
+        token_ids: list[int] = []
+        num_groups = self.kv_config.num_groups
+        # per group: a request's table (one made without groups, e.g. sizing's, serves every group)
+        tables = [[t[g] if len(t) > g else t[0] for t in (r.block_tables for r in requests)]
+                  for g in range(num_groups)]  # fmt: skip
+        max_blocks = max(len(t) for group in tables for t in group)
+        group_tables = np.zeros((num_groups, len(requests), max_blocks), dtype=np.int64)  # [G, B, max_blocks]
+        spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
+        for i, r in enumerate(requests):
+            token_ids.extend(r.all_token_ids[starts[i] : starts[i] + query_lens[i]])
+            if spec:
+                token_ids.extend(spec.get(r.request_id, ()))
+            for g in range(num_groups):
+                group_tables[g, i, : len(tables[g][i])] = tables[g][i]
+        # null entries (blocks that left a window, -1) point at block 0: the kernels never read keys
+        # before a query's window, and pages are zeroed or hold finite K/V, so masked scores add 0
+        np.maximum(group_tables, 0, out=group_tables)
+
+        q_lens = np.asarray(query_lens, dtype=np.int64)  # [B]
+        seq_lens = np.asarray(starts, dtype=np.int64) + q_lens  # [B]
+        query_start_loc = np.zeros(len(requests) + 1, dtype=np.int64)  # [B + 1]
+        np.cumsum(q_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_of_token = np.repeat(np.arange(len(requests)), q_lens)  # [T]
+        positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + np.repeat(starts, q_lens)  # [T]
+        bs = self.block_size
+        slot_mappings = group_tables[:, seq_of_token, positions // bs] * bs + positions % bs  # [G, T]
+
+        # A request produces a token when this step reaches the end of everything it has.
+        spec_drafts = None
+        if spec:  # ... its drafts included; a verification keeps the logits of all 1 + k positions
+            spec_drafts = []
+            samples = []
+            for i, r in enumerate(requests):
+                drafts = spec.get(r.request_id, [])
+                if seq_lens[i] == r.num_tokens + len(drafts):
+                    samples.append(i)
+                    spec_drafts.append(drafts)
+            ends = query_start_loc[1:][samples]
+            logits_indices = np.concatenate([np.arange(e - 1 - len(d), e) for e, d in zip(ends, spec_drafts)])
+        else:
+            samples = [i for i, r in enumerate(requests) if seq_lens[i] == r.num_tokens]
+            logits_indices = query_start_loc[1:][samples] - 1
+
+        dev = self.device
+        seq_lens_list = seq_lens.tolist()
+        group_tables_t = torch.from_numpy(group_tables).to(dev)  # [G, B, max_blocks]
+        block_tables_t = group_tables_t[0]
+        slot_mappings_t = torch.from_numpy(slot_mappings).to(dev)  # [G, T]
+        layers, layer_group = self.layers, self.kv_config.layer_group
+        plans = None
+        if self.backend.build_plan is not None:  # one plan per (group, kind of layer), shared by its layers
+            by_kind = {}
+            for layer, g in zip(layers, layer_group):
+                if (g, layer.kind) not in by_kind:
+                    by_kind[g, layer.kind] = self.backend.build_plan(
+                        group_tables_t[g], query_lens, seq_lens_list, num_decodes, bs,
+                        layer.num_heads // layer.num_kv_heads, self.spec.dtype,
+                        layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
+                        chunk=layer.attention_chunk, exact=bool(layer.softcap) or layer.sinks,
+                    )
+            plans = [by_kind[g, layer.kind] for layer, g in zip(layers, layer_group)]
+        meta = AttentionMetadata(
+            slot_mapping=slot_mappings_t[0],
+            block_tables=block_tables_t,
+            query_start_loc=torch.from_numpy(query_start_loc).to(dev, torch.int32),
+            seq_lens=torch.from_numpy(seq_lens).to(dev, torch.int32),
+            num_decodes=num_decodes,
+            query_lens=query_lens,
+            seq_lens_list=seq_lens_list,
+            kv_caches=self.kv_caches,
+            backend=self.backend,
+            layers=layers,
+            plans=plans,
+            layer_group=layer_group if num_groups > 1 else (),
+            group_slot_mappings=list(slot_mappings_t) if num_groups > 1 else [],
+            group_block_tables=list(group_tables_t) if num_groups > 1 else [],
+        )
+        return ModelInput(
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],
+            positions=torch.from_numpy(positions).to(dev)[None],
+            meta=meta,
+            logits_indices=torch.from_numpy(logits_indices).to(dev),
+            sample_requests=[requests[i] for i in samples],
+            num_tokens=num_tokens,
+            spec_drafts=spec_drafts,
+        )
+
+    @torch.inference_mode()
+    def forward(self, inp: ModelInput) -> torch.Tensor:
+        """Run the model over the packed batch; logits only where a token is sampled: ``[S, vocab]``."""
+        with use_metadata(inp.meta):
+            logits = call_model(self.model, inp.input_ids, inp.positions, inp.logits_indices)
+        if inp.meta.num_layer_calls != len(self.kv_caches):
+            raise RuntimeError(
+                f"the model ran the kvscope attention {inp.meta.num_layer_calls} times in this step but "
+                f"{len(self.kv_caches)} times in the probe at Engine(): its attention layers depend on the input"
+            )
+        return logits.float()  # [S, vocab]
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, inp: ModelInput) -> list[int]:
+        if not inp.sample_requests:
+            return []
+        return sample(logits, inp.sample_requests)
+
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, inp: ModelInput,
+               draft_probs: dict[str, torch.Tensor] | None = None) -> tuple[list[int], dict[str, int]]:
+        """A step with drafts: per sample request the token after its accepted drafts, and per request
+        with drafts how many were accepted (``spec_decode.rejection.verify``)."""
+        tokens, accepted = verify(logits, inp.sample_requests, inp.spec_drafts, draft_probs)
+        return tokens, {r.request_id: a for r, a, d in zip(inp.sample_requests, accepted, inp.spec_drafts) if d}
+
+
+def call_model(
+    model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor | None
+) -> torch.Tensor:
+    """The one way the engine (and its probe) calls a model: a packed ``[1, T]`` batch with explicit
+    positions and no transformers cache; logits of the rows in ``logits_indices`` (all when None)."""
+    out = model(
+        input_ids=input_ids,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=0 if logits_indices is None else logits_indices,
+    )
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits[0]  # [S, vocab]

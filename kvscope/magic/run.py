@@ -1,0 +1,161 @@
+"""``%kvscope`` / ``%%kvscope``: start a live run from a notebook cell.
+
+``%load_ext kvscope`` registers the magic and loads BokehJS into the page (inline, works offline).
+The magic splits its line the POSIX way (``shlex``: quotes hold spaces, ``--prompts "my file.txt"``),
+parses it with the run options of ``kvscope/options.py`` (those of ``kvscope run``; ``%kvscope?`` and
+``%kvscope --help`` show them all), checks everything it can before anything starts (a bad option raises
+``UsageError`` with the reason, the same line ``kvscope run`` prints), then starts a ``LiveRun`` and returns
+at once: the engine steps in a background thread and the dashboard updates while the notebook stays usable
+(widget messages and button clicks are only delivered while the kernel is idle). ``--wait`` blocks until
+the run is over instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from kvscope.options.run import MAGIC, OptionError, OptionParser, add_run_options
+from kvscope.runs.live import LiveRun, Outputs
+from kvscope.runs.setup import prepare
+
+DESCRIPTION = """\
+Run a model on the kvscope engine in the background and watch it live.
+
+Examples::
+
+  %kvscope --requests 32 --output-len 64 --num-blocks 256
+  run = %kvscope --model smollm2 --prompts prompts.txt --html report.html -o
+  %%kvscope --model smollm2 --wait
+  Explain the KV cache in one sentence.
+  Write a haiku about GPUs.
+
+The returned run (``-o``) has ``wait()``, ``stop()``, ``pause()``, ``resume()``, ``outputs``,
+``steps`` and ``requests`` DataFrames, ``summary()``, ``save_trace()``, ``save_metrics()`` and
+``save_html()``, and shows the dashboard when displayed."""
+
+
+class HelpShown(Exception):
+    """``--help`` printed the help; there is nothing to run."""
+
+
+class MagicParser(OptionParser):
+    """The magic's parser: refusals are ``OptionError``s, and ``--help`` prints without leaving the kernel."""
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            print(message, end="")
+        raise HelpShown
+
+
+def build_parser() -> MagicParser:
+    parser = MagicParser(prog="%kvscope", description=DESCRIPTION, add_help=False,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-h", "--help", action="help", help="show this help (as %%kvscope? does)")
+    add_run_options(parser, MAGIC)
+    return parser
+
+
+def parse_line(line: str) -> argparse.Namespace:
+    """The magic's options from its line (``UsageError`` with the reason; ``HelpShown`` after ``--help``)."""
+    try:
+        argv = shlex.split(line)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"cannot split the options: {exc} (quote a value with spaces, like "
+                         f"--prompts \"my file.txt\")") from None
+    try:
+        return build_parser().parse_args(argv)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
+
+
+@magics_class
+class KVScopeMagics(Magics):
+    @line_cell_magic
+    def kvscope(self, line: str, cell: str | None = None):
+        head, _, rest = line.strip().partition(" ")
+        if head == "sweep":  # %kvscope sweep --block-size 8,16,32 ... (kvscope/magic_sweep.py)
+            from kvscope.magic.sweep import magic_sweep
+
+            return magic_sweep(rest, cell)
+        if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope/magic_watch.py)
+            if cell is not None:
+                raise UsageError("%%kvscope watch takes no cell: use the line magic, %kvscope watch URL ...")
+            from kvscope.magic.watch import magic_watch
+
+            return magic_watch(rest)
+        try:
+            args = parse_line(line)
+        except HelpShown:
+            return None
+        run = build_run(args, cell)
+        run.start()
+        if not args.quiet:
+            from IPython.display import display
+
+            display(run)
+        if args.wait:
+            _wait(run, args.quiet)
+        return run if args.return_run else None
+
+    kvscope.__doc__ = build_parser().format_help()  # what %kvscope? shows
+
+
+def build_run(args: argparse.Namespace, cell: str | None = None) -> LiveRun:
+    """A ``LiveRun`` (not started) from parsed options; every check that can fail early runs here."""
+    if cell is not None and not cell.strip():
+        raise UsageError("the %%kvscope cell is empty: write one prompt per line, or use %kvscope")
+    try:
+        setup = prepare(args, cell)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
+    outputs = Outputs(trace=args.trace, metrics=args.metrics, html=args.html)
+    return LiveRun(setup.make_engine, setup.workload, outputs=outputs, step_delay=args.step_delay,
+                   profile_steps=args.profile, dashboard=not args.quiet,
+                   dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
+
+
+def _wait(run: LiveRun, quiet: bool) -> None:
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        written = "".join(f"; {kind}: {path}" for kind, path in run.files.written.items())
+        print(f"interrupted: the run was stopped after {run.step} steps{written}")
+        return
+    except ValueError as exc:
+        if run.engine is None:  # the model or the configuration was refused: nothing ran
+            raise UsageError(str(exc)) from None
+        raise
+    if quiet:
+        return
+    s = run.summary() if run.records else {}
+    line = f"{run.status_text}: {len(run.workload)} requests, {run.step} steps"
+    if s.get("output_tokens_per_s") == s.get("output_tokens_per_s") and "output_tokens_per_s" in s:
+        line += f", {s['output_tokens_per_s']:.1f} output tokens/s"
+    for kind, path in run.files.written.items():
+        line += f"; {kind}: {path}"
+    for kind, why in run.files.errors.items():
+        line += f"; could not write {kind}: {why}"
+    failed = [o.error for o in run.outputs if o.finish_reason == "error"]
+    if failed:
+        line += f"; {len(failed)} request{'s' * (len(failed) > 1)} failed (first: {failed[0]})"
+    print(line)
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the magics; in a notebook kernel also load BokehJS inline (offline-safe), which the
+    dashboard's ``BokehModel`` widgets need in the page."""
+    ipython.register_magics(KVScopeMagics)
+    if getattr(ipython, "kernel", None) is not None:
+        from kvscope.widgets.dashboard import ensure_bokehjs
+
+        ensure_bokehjs()
+
+
+def unload_ipython_extension(ipython) -> None:
+    magics = ipython.magics_manager.magics
+    for kind in ("line", "cell"):
+        magics[kind].pop("kvscope", None)

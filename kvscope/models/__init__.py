@@ -1,0 +1,31 @@
+"""Models: loading them (embedded tiny models, SmolLM2, local folders), checking a folder before loading it,
+reading a model's ``config.json``, the probe that measures each attention layer at ``Engine()`` (or refuses
+the model), and the zoo of tiny random models of every registered causal-LM type.
+
+``kvscope.models.load_model`` / ``build_tiny_model`` / ``build_tiny_tokenizer`` / ``tiny_config`` /
+``smollm2_path`` are the public names; they are imported on first use, so that reading a config or checking a
+folder does not pay for torch and transformers.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvscope.models.loader import (
+        TINY_ARCHS,
+        build_tiny_model,
+        build_tiny_tokenizer,
+        load_model,
+        smollm2_path,
+        tiny_config,
+    )
+
+__all__ = ["TINY_ARCHS", "build_tiny_model", "build_tiny_tokenizer", "load_model", "smollm2_path", "tiny_config"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        value = getattr(import_module("kvscope.models.loader"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvscope.models' has no attribute {name!r}")

@@ -1,0 +1,290 @@
+"""KV-cache capacity planning: how many requests fit on a GPU, with static reservation and with paging.
+
+The arithmetic of the course chapter, for any model shape:
+
+- KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element;
+- KV budget = GPU memory - weights - activation reserve;
+- static reservation: every request holds ``max_len`` token slots from admission to the end, so
+  concurrency = floor(budget / (max_len x bytes per token));
+- paged allocation: a request holds only the blocks its tokens fill, ``ceil(avg_len / block_size)`` of
+  them, so concurrency = floor(budget / (blocks x block_size x bytes per token)).
+
+Sliding-window layers (Mistral, Gemma 2/3, gpt-oss: ``sliding_window`` tokens, in ``num_sliding_layers``
+of the layers) read only the last ``W`` keys. A static cache gives them ``min(max_len, W)`` slots (as
+transformers' static cache does); a paged engine that frees the blocks leaving the window (kvscope,
+vLLM) holds at most ``ceil(W / block_size) + 1`` blocks of them per request (a window rarely starts on
+a block boundary). The per-request figures then add the full and the sliding layers' parts.
+
+Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.engine.config.parse_bytes`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
+               "fp8": 1, "float8": 1, "int8": 1}
+
+
+@dataclass(slots=True)
+class ModelShape:
+    """What the planner needs to know about a model."""
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_params: int = 0  # 0 = unknown
+    max_position_embeddings: int = 0  # 0 = unknown
+    note: str = ""
+    sliding_window: int = 0  # 0 = no sliding-window layers
+    num_sliding_layers: int = 0  # of num_layers (all of them when a window is given without a count)
+
+    def __post_init__(self) -> None:
+        if self.sliding_window and not self.num_sliding_layers:
+            self.num_sliding_layers = self.num_layers
+
+
+# Shapes from each model's published config.json (parameter counts from their model cards).
+KNOWN_MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    ModelShape("llama-7b", 32, 32, 128, 6_738_415_616, 4096, "Llama-2-7B: 32 heads, no GQA"),
+    ModelShape("llama-13b", 40, 40, 128, 13_015_864_320, 4096, "Llama-2-13B: 40 heads, no GQA"),
+    ModelShape("llama-70b", 80, 8, 128, 68_976_648_192, 4096, "Llama-2-70B: 64 query heads share 8 KV heads"),
+    ModelShape("llama-3-8b", 32, 8, 128, 8_030_261_248, 8192, "Llama-3-8B: 32 query heads share 8 KV heads"),
+    ModelShape("llama-3-70b", 80, 8, 128, 70_553_706_496, 8192, "Llama-3-70B: 64 query heads, 8 KV heads"),
+    ModelShape("mistral-7b", 32, 8, 128, 7_241_732_096, 32768,
+               "Mistral-7B-v0.1: 32 query heads, 8 KV heads, a 4096-token window in every layer", 4096),
+    ModelShape("gemma-2-9b", 42, 8, 256, 9_241_705_984, 8192,
+               "Gemma-2-9B: 16 query heads, 8 KV heads; every other layer has a 4096-token window", 4096, 21),
+    ModelShape("gpt-oss-20b", 24, 8, 64, 0, 131072,
+               "gpt-oss-20b: 64 query heads, 8 KV heads; every other layer has a 128-token window "
+               "(MXFP4 weights: give --weights)", 128, 12),
+    ModelShape("qwen2.5-0.5b", 24, 2, 64, 494_032_768, 32768, "Qwen2.5-0.5B: 14 query heads, 2 KV heads"),
+    ModelShape("qwen2.5-7b", 28, 4, 128, 7_615_616_512, 32768, "Qwen2.5-7B: 28 query heads, 4 KV heads"),
+    ModelShape("qwen2.5-14b", 48, 8, 128, 14_770_033_664, 32768, "Qwen2.5-14B: 40 query heads, 8 KV heads"),
+    ModelShape("gpt2", 12, 12, 64, 124_439_808, 1024, "GPT-2 small: 12 heads"),
+    ModelShape("smollm2", 30, 3, 64, 134_515_008, 8192, "SmolLM2-135M: 9 query heads, 3 KV heads"),
+    ModelShape("tiny", 2, 2, 16, 139_584, 2048, "kvscope's random test model"),
+)}
+ALIASES = {"llama-2-7b": "llama-7b", "llama2-7b": "llama-7b", "llama-2-13b": "llama-13b",
+           "llama-2-70b": "llama-70b", "llama3-8b": "llama-3-8b", "mistral": "mistral-7b",
+           "qwen2.5": "qwen2.5-7b", "smollm2-135m": "smollm2", "gpt2-small": "gpt2"}
+
+
+def known_shape(name: str) -> ModelShape | None:
+    key = name.strip().lower()
+    return KNOWN_MODELS.get(ALIASES.get(key, key))
+
+
+def shape_from_config(folder: str | Path) -> ModelShape:
+    """The shape of a local model folder (its ``config.json``); the parameter count from the
+    safetensors index or files when present, else left unknown. ``ValueError`` if unreadable."""
+    folder = Path(folder).expanduser()
+    path = folder / "config.json" if folder.is_dir() else folder
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{str(folder)!r} has no config.json; give a Hugging Face model folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {str(path)!r} as a model config: {exc}") from None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+    if not (isinstance(layers, int) and isinstance(heads, int) and (cfg.get("head_dim") or hidden)):
+        raise ValueError(f"{str(path)!r} does not describe a decoder (num_hidden_layers, num_attention_heads "
+                         "and hidden_size are needed); give --layers, --kv-heads and --head-dim instead")
+    window, num_sliding = _sliding_layers(cfg, layers)
+    return ModelShape(
+        name=str(folder),
+        num_layers=layers,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or hidden // heads,
+        num_params=_params_on_disk(path.parent),
+        max_position_embeddings=cfg.get("max_position_embeddings", cfg.get("n_positions", 0)) or 0,
+        note=f"from {path}",
+        sliding_window=window,
+        num_sliding_layers=num_sliding,
+    )
+
+
+def _sliding_layers(cfg: dict, num_layers: int) -> tuple[int, int]:
+    """(window, how many layers have it) from a config: ``layer_types`` where given (transformers 5),
+    else Gemma 3's ``sliding_window_pattern`` (every n-th layer full), else every layer, unless
+    ``use_sliding_window`` is false (Qwen 2 keeps a window in its config that it does not use)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        count = sum(1 for t in types if t == "sliding_attention")
+    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 0:
+        count = num_layers - num_layers // cfg["sliding_window_pattern"]
+    else:
+        count = num_layers
+    return (window, count) if count else (0, 0)
+
+
+def _params_on_disk(folder: Path) -> int:
+    """Parameters counted from the headers of the folder's ``*.safetensors`` files (0 if none)."""
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
+        except (OSError, ValueError):
+            return 0
+        for name, info in header.items():
+            if name != "__metadata__" and isinstance(info, dict):
+                total += math.prod(info.get("shape", []))
+    return total
+
+
+@dataclass(slots=True)
+class Plan:
+    """Every number of a capacity plan (bytes unless named otherwise). ``None`` where no GPU memory
+    size was given, so only the per-token sizes are known."""
+
+    model: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    dtype_bytes: int
+    kv_bytes_per_token: int
+    block_size: int
+    kv_bytes_per_block: int
+    max_len: int
+    avg_len: int
+    static_bytes_per_request: int
+    blocks_per_request: int
+    paged_bytes_per_request: int
+    static_waste: float  # share of a static reservation an average request leaves unused
+    paged_waste: float  # share of a request's last-block slack in its pages
+    sliding_window: int = 0  # 0: every layer keeps every token
+    num_sliding_layers: int = 0
+    sliding_blocks_per_request: int = 0  # what a sliding layer holds of blocks_per_request
+    gpu_mem: int | None = None
+    weights: int | None = None
+    weights_source: str = ""
+    reserve: int | None = None
+    kv_budget: int | None = None
+    kv_budget_blocks: int | None = None
+    kv_budget_tokens: int | None = None
+    static_max_requests: int | None = None
+    paged_max_requests: int | None = None
+    ratio: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = None,
+              weights: int | None = None, reserve: int = 0, max_len: int = 2048, avg_len: int = 512,
+              block_size: int = 16) -> Plan:
+    """The capacity plan. ``weights=None`` takes parameters x dtype bytes from the shape.
+    Raises ``ValueError`` for inconsistent inputs (the message says which and how to fix it)."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, fp16, bf16, fp8")
+    if avg_len > max_len:
+        raise ValueError(f"--avg-len {avg_len} is above --max-len {max_len}; the average cannot exceed the maximum")
+    if shape.num_sliding_layers > shape.num_layers:
+        raise ValueError(f"{shape.num_sliding_layers} sliding-window layers is more than the model's "
+                         f"{shape.num_layers} layers; give --sliding-layers at most --layers")
+    nbytes = DTYPE_BYTES[dtype]
+    per_layer = 2 * shape.num_kv_heads * shape.head_dim * nbytes  # one token in one layer
+    per_token = shape.num_layers * per_layer
+    blocks = -(-avg_len // block_size)  # ceil: the last block may be partly filled
+    window, sliding = (shape.sliding_window, shape.num_sliding_layers) if shape.sliding_window else (0, 0)
+    full = shape.num_layers - sliding
+    sliding_blocks = min(blocks, -(-window // block_size) + 1) if sliding else 0
+    static_tokens = full * max_len + sliding * min(max_len, window)  # token slots x layers
+    paged_pages = full * blocks + sliding * sliding_blocks  # one layer's pages
+    plan = Plan(
+        model=shape.name, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim, dtype=dtype, dtype_bytes=nbytes, kv_bytes_per_token=per_token,
+        block_size=block_size, kv_bytes_per_block=per_token * block_size, max_len=max_len, avg_len=avg_len,
+        static_bytes_per_request=static_tokens * per_layer, blocks_per_request=blocks,
+        paged_bytes_per_request=paged_pages * block_size * per_layer,
+        static_waste=1 - (full * min(avg_len, max_len) + sliding * min(avg_len, window)) / static_tokens,
+        paged_waste=1 - (full * avg_len + sliding * min(avg_len, window)) / (paged_pages * block_size),
+        sliding_window=window, num_sliding_layers=sliding, sliding_blocks_per_request=sliding_blocks,
+    )
+    if gpu_mem is None:
+        return plan
+    if weights is None:
+        if not shape.num_params:
+            raise ValueError(f"the weights of {shape.name!r} are unknown: give their size with --weights "
+                             "(e.g. --weights 14GiB, or 0 to ignore them)")
+        weights, plan.weights_source = shape.num_params * nbytes, f"{shape.num_params / 1e9:.2f}B params x {nbytes} B"
+    else:
+        plan.weights_source = "given"
+    budget = gpu_mem - weights - reserve
+    if budget < plan.kv_bytes_per_block:
+        raise ValueError(
+            f"nothing is left for the KV cache: {fmt_bytes(gpu_mem)} of GPU memory minus {fmt_bytes(weights)} of "
+            f"weights and {fmt_bytes(reserve)} of reserve is {fmt_bytes(budget)}, less than one block "
+            f"({fmt_bytes(plan.kv_bytes_per_block)}); use a larger --gpu-mem or smaller --weights / --reserve")
+    plan.gpu_mem, plan.weights, plan.reserve, plan.kv_budget = gpu_mem, weights, reserve, budget
+    plan.kv_budget_blocks = budget // plan.kv_bytes_per_block
+    plan.kv_budget_tokens = plan.kv_budget_blocks * block_size
+    plan.static_max_requests = budget // plan.static_bytes_per_request
+    # floor(floor(budget / block) / blocks) == floor(budget / (blocks x block)): whole blocks per request
+    plan.paged_max_requests = budget // plan.paged_bytes_per_request
+    if plan.static_max_requests:
+        plan.ratio = plan.paged_max_requests / plan.static_max_requests
+    return plan
+
+
+def fmt_bytes(n: float) -> str:
+    """1024-based, up to 3 significant digits: 524288 -> '512 KiB', 23622320128 -> '22 GiB'."""
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            text = f"{n:.0f}" if unit == "B" or n == int(n) or n >= 100 else f"{n:.3g}"
+            return f"{sign}{text} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def render(plan: Plan, note: str = "") -> str:
+    """The plan as a short, readable table for a terminal."""
+    p = plan
+    lines = [f"kvscope plan · {p.model}" + (f"  ({note})" if note else ""), ""]
+    lines.append(f"KV per token     2 x {p.num_layers} layers x {p.num_kv_heads} KV heads x {p.head_dim} head dim "
+                 f"x {p.dtype_bytes} B ({p.dtype}) = {p.kv_bytes_per_token:,} B = {fmt_bytes(p.kv_bytes_per_token)}")
+    lines.append(f"KV per block     {p.block_size} tokens = {fmt_bytes(p.kv_bytes_per_block)}")
+    if p.num_sliding_layers:
+        lines.append(f"sliding window   {p.num_sliding_layers} of {p.num_layers} layers read only the last "
+                     f"{p.sliding_window} tokens: static keeps min(max-len, {p.sliding_window}) slots there, "
+                     f"paged at most {p.sliding_blocks_per_request} blocks (the rest go back to the pool)")
+    lines.append(f"static request   max-len {p.max_len} tokens reserved = {fmt_bytes(p.static_bytes_per_request)}"
+                 f"  ({p.static_waste:.0%} unused at avg {p.avg_len})")
+    blocks = f"{p.blocks_per_request} blocks" + (
+        f" ({p.sliding_blocks_per_request} in the sliding layers)" if p.num_sliding_layers else "")
+    lines.append(f"paged request    avg {p.avg_len} tokens -> {blocks} x {p.block_size} = "
+                 f"{fmt_bytes(p.paged_bytes_per_request)}  ({p.paged_waste:.1%} last-block slack)")
+    if p.kv_budget is None:
+        lines += ["", "add --gpu-mem (e.g. --gpu-mem 40GiB --weights 14GiB --reserve 4GiB) for concurrency"]
+        return "\n".join(lines)
+    lines += [
+        "",
+        f"GPU memory       {fmt_bytes(p.gpu_mem)}",
+        f" - weights       {fmt_bytes(p.weights)}  ({p.weights_source})",
+        f" - reserve       {fmt_bytes(p.reserve)}  (activations, CUDA context)",
+        f" = KV budget     {fmt_bytes(p.kv_budget)} = {p.kv_budget_blocks:,} blocks = {p.kv_budget_tokens:,} tokens",
+        "",
+        f"static  max concurrent requests = {fmt_bytes(p.kv_budget)} / {fmt_bytes(p.static_bytes_per_request)}"
+        f" = {p.static_max_requests}",
+        f"paged   max concurrent requests = {fmt_bytes(p.kv_budget)} / {fmt_bytes(p.paged_bytes_per_request)}"
+        f" = {p.paged_max_requests}",
+    ]
+    if p.ratio is not None:
+        lines.append(f"paged / static   {p.ratio:.1f}x more requests at the same memory")
+    else:
+        lines.append("static           not even one max-len request fits: lower --max-len or free memory")
+    return "\n".join(lines)

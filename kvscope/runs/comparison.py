@@ -1,0 +1,250 @@
+"""``Comparison``: runs side by side, as a summary table with ratios against the first run.
+
+```python
+cmp = kvscope.compare("bs16.trace.json", "bs64.trace.json", labels=["16", "64"])  # or Run objects
+cmp.table                  # metric x run DataFrame: each run's value, then "<run> / <first>" ratios
+cmp.per_run                # one row per run (what the sweep writes as CSV)
+cmp.warnings               # different models, workloads or devices; dropped steps; unfinished requests
+cmp.show()                 # in a notebook: the table, overlaid time series and latency, page maps
+cmp.save_html("cmp.html")  # the same, standalone and offline (``kvscope.widgets.compare``)
+```
+
+Every value in ``table`` is the run's own ``Run.summary()`` value (``static_reservation_x_pool`` is
+derived: the peak static reservation over the KV pool's bytes). A ratio is value / first run's value:
+NaN where the first is 0 or NaN (1.0 when both are 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvscope.runs.run import Run
+
+
+@dataclass(slots=True, frozen=True)
+class Metric:
+    """One row of the summary table."""
+
+    key: str  # a key of Run.summary() (or a derived one, see ``_value``)
+    name: str
+    unit: str = ""  # "ms", "%", "MiB", "x", or ""
+    better: str = ""  # "higher", "lower" or "" (neither): colours the ratio
+
+
+METRICS = (
+    Metric("output_tokens_per_s", "throughput (output tokens/s)", better="higher"),
+    Metric("total_tokens_per_s", "throughput incl. prefill (tokens/s)", better="higher"),
+    Metric("ttft_p50_s", "TTFT p50", "ms", "lower"),
+    Metric("ttft_p99_s", "TTFT p99", "ms", "lower"),
+    Metric("itl_p50_s", "ITL p50", "ms", "lower"),
+    Metric("itl_p99_s", "ITL p99", "ms", "lower"),
+    Metric("e2e_p50_s", "end-to-end latency p50", "ms", "lower"),
+    Metric("peak_block_usage", "peak KV use (share of the pool)", "%"),
+    Metric("peak_kv_bytes", "peak KV use (memory)", "MiB", "lower"),
+    Metric("static_reservation_x_pool", "static reservation at its peak (x the pool)", "x"),
+    Metric("mean_fragmentation", "fragmentation (mean)", "%", "lower"),
+    Metric("preemptions", "preemptions", better="lower"),
+    Metric("prefix_cache_hits", "prefix-cache hits (prompt tokens)", better="higher"),
+    Metric("prefix_cache_hit_rate", "prefix-cache hit rate", "%", "higher"),
+    Metric("spec_acceptance_rate", "speculative decoding: drafts accepted", "%", "higher"),
+    Metric("spec_mean_acceptance_length", "speculative decoding: tokens per verification", better="higher"),
+    Metric("requests", "requests"),
+    Metric("output_tokens", "output tokens"),
+    Metric("steps", "steps", better="lower"),
+    Metric("duration_s", "duration", "ms", "lower"),
+)
+METRIC = {m.key: m for m in METRICS}
+
+
+def _ratio(value: float, base: float) -> float:
+    if value != value or base != base:
+        return math.nan
+    if base == 0:
+        return 1.0 if value == 0 else math.nan
+    return value / base
+
+
+def _value(run: Run, summary: dict[str, Any], key: str) -> float:
+    if key == "static_reservation_x_pool":
+        pool = run.meta.get("kv_pool_bytes") or (run.meta.get("num_blocks", 0) * run.meta.get("kv_bytes_per_block", 0))
+        return summary["peak_static_reservation_bytes"] / pool if pool else math.nan
+    return summary[key]
+
+
+def _load(item: Run | str | os.PathLike) -> Run:
+    if isinstance(item, Run):
+        return item
+    if isinstance(getattr(item, "run", None), Run):  # a LiveRun: the run so far, or all of it once over
+        return item.run
+    if isinstance(item, (str, os.PathLike)):
+        return Run.load(item)  # ValueError naming the file: missing, empty, damaged, another tool's
+    raise TypeError(f"compare() takes Runs or paths of saved runs, not {type(item).__name__}")
+
+
+def _name(run: Run, index: int) -> str:
+    source = run.meta.get("source")
+    return Path(source).name if source else f"run {index + 1}"
+
+
+def unique_labels(labels: Sequence[str]) -> list[str]:
+    """Labels made distinct: a repeated one gets " (2)", " (3)", ... (a file compared with itself)."""
+    out: list[str] = []
+    for label in labels:
+        candidate, n = label, 1
+        while candidate in out:
+            n += 1
+            candidate = f"{label} ({n})"
+        out.append(candidate)
+    return out
+
+
+class Comparison:
+    """Runs compared with the first one. ``Comparison(runs, labels)``; ``kvscope.compare`` is the way in."""
+
+    metrics = METRICS
+
+    def __init__(self, runs: Sequence[Run], labels: Sequence[str] | None = None,
+                 swept: tuple[str, Sequence[Any]] | None = None) -> None:
+        if not runs:
+            raise ValueError("compare needs at least one run")
+        for i, run in enumerate(runs):
+            if not run.records:
+                raise ValueError(f"{_name(run, i)}: the run recorded no steps; nothing to compare")
+        if labels is not None and len(labels) != len(runs):
+            raise ValueError(f"{len(labels)} labels for {len(runs)} runs; give one label per run")
+        self.runs = list(runs)
+        self.labels = unique_labels([str(s) for s in labels] if labels is not None
+                                    else [_name(r, i) for i, r in enumerate(runs)])
+        self.swept = swept  # (option, values): set by kvscope.runs.sweep
+        self.summaries = [run.summary() for run in self.runs]
+
+    # ---- the numbers ---------------------------------------------------------------------------
+    @property
+    def table(self) -> pd.DataFrame:
+        """Rows: ``METRICS`` keys; columns: each run's value, then ``"<run> / <first>"`` for the others."""
+        first = self.labels[0]
+        values = {label: [_value(r, s, m.key) for m in METRICS]
+                  for label, r, s in zip(self.labels, self.runs, self.summaries)}
+        frame = pd.DataFrame(index=pd.Index([m.key for m in METRICS], name="metric"))
+        for label in self.labels:
+            frame[label] = values[label]
+        for label in self.labels[1:]:
+            frame[f"{label} / {first}"] = [_ratio(v, b) for v, b in zip(values[label], values[first])]
+        return frame
+
+    @property
+    def ratios(self) -> pd.DataFrame:
+        """Rows: metrics; columns: runs; each value over the first run's (the first column is all 1 or NaN)."""
+        table = self.table
+        first = table[self.labels[0]]
+        return pd.DataFrame({label: [_ratio(v, b) for v, b in zip(table[label], first)] for label in self.labels},
+                            index=table.index)
+
+    @property
+    def per_run(self) -> pd.DataFrame:
+        """One row per run: label, the swept option's value (a sweep), model, source, every metric."""
+        rows = []
+        for i, (label, run, s) in enumerate(zip(self.labels, self.runs, self.summaries)):
+            row: dict[str, Any] = {"run": label}
+            if self.swept is not None:
+                row[self.swept[0]] = self.swept[1][i]
+            row.update(model=run.meta.get("model"), source=run.meta.get("source"))
+            row.update({m.key: _value(run, s, m.key) for m in METRICS})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def save_csv(self, path: str | os.PathLike) -> Path:
+        """``per_run`` as CSV (atomically)."""
+        from kvscope.utils.files import atomic_write
+
+        frame = self.per_run
+        return atomic_write(path, lambda f: frame.to_csv(f, index=False))
+
+    # ---- what differs --------------------------------------------------------------------------
+    @property
+    def differences(self) -> dict[str, list[Any]]:
+        """Engine settings (and the model) whose values differ between the runs: name -> value per run."""
+        rows = [{"model": r.meta.get("model"), "device": r.meta.get("device"), **(r.meta.get("config") or {})}
+                for r in self.runs]
+        keys = dict.fromkeys(k for row in rows for k in row)
+        return {k: [row.get(k) for row in rows] for k in keys if len({repr(row.get(k)) for row in rows}) > 1}
+
+    @property
+    def warnings(self) -> list[str]:
+        """What makes the runs not like for like, one sentence each."""
+        out = []
+        labels = self.labels
+
+        def listed(values) -> str:
+            return ", ".join(f"{label}: {value}" for label, value in zip(labels, values))
+
+        models = [r.meta.get("model", "?") for r in self.runs]
+        if len(set(models)) > 1:
+            out.append(f"different models ({listed(models)}): throughput and latency differ for that reason too")
+        elif len({repr(r.meta.get("spec")) for r in self.runs}) > 1:
+            out.append("the model has different shapes or dtypes in these runs (its KV bytes per token differ)")
+        workloads = [workload_signature(r) for r in self.runs]
+        if len({w[0] for w in workloads}) > 1:
+            out.append(f"different workloads: {listed(f'{w[0]} requests' for w in workloads)}")
+        elif len(set(workloads)) > 1:
+            out.append("different workloads: the same number of requests, but different prompts")
+        devices = [r.meta.get("device", "?") for r in self.runs]
+        if len(set(devices)) > 1:
+            out.append(f"different devices ({listed(devices)})")
+        for label, run, s in zip(labels, self.runs, self.summaries):
+            dropped = run.meta.get("num_steps_dropped", 0)
+            if dropped:
+                out.append(f"{label}: the recorder dropped its first {dropped} steps; its numbers cover the rest")
+            if s["finished"] < s["requests"]:
+                out.append(f"{label}: {s['requests'] - s['finished']} of {s['requests']} requests did not finish")
+        return out
+
+    # ---- display -------------------------------------------------------------------------------
+    def save_html(self, path: str | os.PathLike) -> Path:
+        """A standalone HTML comparison (BokehJS inlined: opens offline)."""
+        from kvscope.widgets.compare import save_html
+
+        return save_html(self, path)
+
+    def show(self) -> None:
+        """Display the comparison in a notebook (table, overlaid series and latency, page maps)."""
+        from kvscope.widgets.compare import show
+
+        show(self)
+
+    def _repr_html_(self) -> str:
+        from kvscope.widgets.compare_table import summary_html
+
+        return summary_html(self)
+
+    def __repr__(self) -> str:
+        return f"<Comparison of {len(self.runs)} runs: {', '.join(self.labels)}>"
+
+
+def workload_signature(run: Run) -> tuple[int, tuple]:
+    """(number of requests, per request: prompt length and prompt text when known), in submission order."""
+    texts = run.meta.get("texts") or {}
+    requests = run.requests
+    prompts = tuple(
+        (int(n), (texts.get(rid) or {}).get("prompt"))
+        for rid, n in zip(requests["request_id"], requests["num_prompt_tokens"])
+    ) if len(requests) else ()
+    return len(prompts), prompts
+
+
+def compare(*runs: Run | str | os.PathLike, labels: Sequence[str] | None = None) -> Comparison:
+    """Compare runs (``Run`` objects or paths of saved traces / metrics files) against the first one.
+
+    A path that is not a readable kvscope run raises ``ValueError`` naming it; the same file may be
+    given twice (its labels are made distinct).
+    """
+    if len(runs) == 1 and isinstance(runs[0], (list, tuple)):
+        runs = tuple(runs[0])
+    return Comparison([_load(r) for r in runs], labels)

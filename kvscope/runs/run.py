@@ -1,0 +1,216 @@
+"""``Run``: a recorded engine run (step records, request events, metadata) and what follows from it.
+
+```python
+engine = Engine("tiny"); engine.generate(prompts, params)
+run = Run.from_engine(engine)        # snapshot of engine.recorder
+run.steps, run.requests, run.summary()
+run.save_trace("run.json"); run.save_metrics("run.jsonl"); run.save_html("run.html")
+run = kvscope.load("run.json")       # or "run.jsonl": the same DataFrames back
+```
+
+``Run(records, events, meta, profiler_events=None)`` only stores its arguments; nothing in kvscope
+changes a ``Run``'s lists afterwards (a ``LiveRun`` hands out a new ``Run`` as records arrive). The
+DataFrames are cached per list lengths, so a caller who appends gets them rebuilt.
+
+Imports go one way: ``Run`` uses ``telemetry`` (which works on plain records, events and meta) and,
+for ``save_html`` / ``show`` only, ``kvscope.widgets.report`` (imported when called); neither
+imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from kvscope.telemetry import frames as metrics
+from kvscope.telemetry.export import write_metrics, write_trace
+from kvscope.telemetry.load import read_run_file
+from kvscope.telemetry.pagemap import page_map_at
+from kvscope.telemetry.records import PageEntry, RequestEvent, StepRecord
+
+if TYPE_CHECKING:
+    from kvscope.engine.engine import Engine
+
+
+class Run:
+    """A recorded run.
+
+    - ``records``: ``list[StepRecord]`` in step order; ``events``: ``list[RequestEvent]`` in time order;
+    - ``meta``: ``dict`` of JSON values: model, config, spec, ``kv_bytes_per_token``, ``max_model_len``,
+      ``num_blocks``, ``block_size``, ``t0_ns`` (the perf_counter_ns that run-relative times count
+      from), ``kvscope_version``, ... (see ``Engine.run_metadata``);
+    - ``profiler_events``: torch.profiler (Kineto) events of profiled windows, Chrome-trace dicts
+      whose ``ts`` is in absolute perf_counter microseconds.
+    """
+
+    def __init__(
+        self,
+        records: list[StepRecord],
+        events: list[RequestEvent],
+        meta: dict[str, Any],
+        profiler_events: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.records = records
+        self.events = events
+        self.meta = meta
+        self.profiler_events = profiler_events if profiler_events is not None else []
+        self._frames: dict[str, tuple[tuple[int, int], pd.DataFrame]] = {}
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_engine(cls, engine: Engine) -> Run:
+        """A snapshot of everything ``engine.recorder`` holds (copies of its lists)."""
+        recorder = engine.recorder
+        if recorder is None:
+            raise ValueError(
+                "this engine records nothing (it was made with telemetry=False): "
+                "create it with telemetry=True to get a Run"
+            )
+        return cls(*recorder.snapshot())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Run:
+        """A run from a trace JSON or metrics JSONL written by kvscope (``ValueError`` otherwise)."""
+        records, events, meta, profiler = read_run_file(path)
+        if "watch" in meta:  # a watched vLLM run: its description must have the shape its readers expect
+            from kvscope.watch.summary import check_watch
+
+            try:
+                check_watch(meta["watch"])
+            except ValueError as exc:
+                raise ValueError(f"{path}: a damaged kvscope watch file ({exc})") from None
+        run = cls(records, events, meta, profiler)
+        run.meta.setdefault("source", str(path))
+        return run
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def t0_ns(self) -> int:
+        """The moment run-relative times (``*_s`` columns, trace ``ts``) count from."""
+        t0 = self.meta.get("t0_ns")
+        if t0 is None:
+            starts = [e.t_ns for e in self.events[:1]] + [r.t_start_ns for r in self.records[:1]]
+            t0 = self.meta["t0_ns"] = min(starts) if starts else 0
+        return t0
+
+    def _cached(self, name: str, build) -> pd.DataFrame:
+        key = (len(self.records), len(self.events))
+        hit = self._frames.get(name)
+        if hit is None or hit[0] != key:
+            hit = self._frames[name] = (key, build())
+        return hit[1]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per step (columns in docs/telemetry.md)."""
+        return self._cached("steps", lambda: metrics.steps_frame(self.records, self.t0_ns))
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request: token counts, moments, TTFT / TPOT / ITL / E2E, preemptions, finish reason."""
+        return self._cached("requests", lambda: metrics.requests_frame(self.records, self.events, self.t0_ns))
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits. A watched
+        vLLM run (``meta["watch"]``) adds its counters, KV event counts, estimates and per-engine split."""
+        out = metrics.summary(self.records, self.events, self.meta, self.requests)
+        if "watch" in self.meta:
+            from kvscope.watch.summary import watch_summary
+
+            out.update(watch_summary(self.meta["watch"]))
+        return out
+
+    def page_map_at(self, step: int) -> list[PageEntry]:
+        """Every block's ``PageEntry`` after ``step`` (from the last full snapshot and the diffs since)."""
+        return page_map_at(self.records, step)
+
+    # ---- exports -------------------------------------------------------------------------------
+    def save_trace(self, path: str | os.PathLike) -> Path:
+        """Perfetto / Chrome trace JSON (open with ``kvscope view PATH --perfetto``, offline); also loadable with ``kvscope.load``."""
+        meta = {**self.meta, "t0_ns": self.t0_ns}  # a hand-made run may lack t0_ns
+        lanes = ()
+        if "watch" in meta:  # a watched vLLM run: a process per engine
+            from kvscope.watch.summary import engine_tracks
+
+            lanes = engine_tracks(meta["watch"], meta["t0_ns"])
+        return write_trace(path, self.records, self.events, meta, self.profiler_events, lanes)
+
+    def save_metrics(self, path: str | os.PathLike) -> Path:
+        """JSON Lines: a header with ``meta``, one line per step and per request event, an end line."""
+        return write_metrics(path, self.records, self.events, {**self.meta, "t0_ns": self.t0_ns})
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        """A standalone HTML report (``kvscope.widgets.report``, imported here: widgets never import
+        ``kvscope.runs.run``, so the dependency goes one way); a watched vLLM run has its own
+        (``kvscope.widgets.watch_report``)."""
+        if "watch" in self.meta:
+            from kvscope.widgets.watch_report import save_html
+        else:
+            from kvscope.widgets.report import save_html
+
+        return save_html(self, path)
+
+    def show(self) -> None:
+        """Replay the run in a notebook: the dashboard's panels and a page-map step slider (a watched
+        vLLM run: its watch panels)."""
+        if "watch" in self.meta:
+            from kvscope.widgets.watch_report import show
+        else:
+            from kvscope.widgets.report import show
+
+        show(self)
+
+    def __repr__(self) -> str:
+        s = self.summary() if self.records else {}
+        tps = s.get("output_tokens_per_s", math.nan)
+        return (
+            f"<Run {self.meta.get('model', '?')}: {len(self.requests)} requests, {len(self.records)} steps"
+            + (f", {tps:.1f} output tok/s" if tps == tps else "")
+            + ">"
+        )
+
+
+class RunBuffer:
+    """Step records and request events as they arrive (``add``, from one thread), bounded like the
+    recorder's ring, and ``run()`` (from any thread): a ``Run`` over copies of them, the same object
+    until more has arrived, so its cached DataFrames stay valid. ``meta`` is copied into each."""
+
+    def __init__(self, meta: dict[str, Any], capacity: int = 100_000) -> None:
+        self.meta = meta
+        self._lock = threading.Lock()
+        self._records: deque[StepRecord] = deque(maxlen=capacity)
+        self._events: deque[RequestEvent] = deque(maxlen=4 * capacity)
+        self._num_added = 0
+        self._run: Run | None = None
+        self._run_at = -1  # _num_added when _run was made
+        self.num_steps = 0  # the last record's step + 1
+
+    def add(self, item: StepRecord | RequestEvent) -> None:
+        with self._lock:
+            if isinstance(item, StepRecord):
+                self._records.append(item)
+                self.num_steps = item.step + 1
+            else:
+                self._events.append(item)
+            self._num_added += 1
+
+    def run(self) -> Run:
+        with self._lock:
+            if self._run_at != self._num_added:
+                self._run = Run(list(self._records), list(self._events), dict(self.meta))
+                self._run_at = self._num_added
+            return self._run
+
+
+def load(path: str | os.PathLike) -> Run:
+    """Load a kvscope trace (``.json``) or metrics file (``.jsonl``) into a ``Run``.
+
+    A missing, empty, truncated, non-JSON or foreign file raises ``ValueError`` naming it and the problem.
+    """
+    return Run.load(path)

@@ -1,0 +1,377 @@
+"""``WatchRun``: one or more running vLLM servers watched from outside, live; it has a ``Run``.
+
+One thread (``kvscope-watch``) does all the watching, so the state needs no locks of its own: it
+polls every URL's ``/metrics`` each ``interval`` seconds, receives KV events in between (ZMQ, as they
+come), tails the plugin's JSONL, and after each poll hands ``WatchSource.tick`` the interval: lanes
+grow, records and events go to the ``Run`` so far and to the dashboard. The caller only sets flags and
+reads results; ``wait`` blocks it (Ctrl-C stops the watch, lets it write its files, and propagates).
+
+Faults: a URL that cannot be read at the start fails the watch with one line naming it (``status``
+failed, ``error`` a ``WatchError``); a server lost later is shown as "connection lost" (the files are
+written at that moment, so they hold everything up to it) and watched again when it answers; damaged
+pages, event payloads and plugin lines are counted (``summary()["faults"]``) and skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvscope._version import __version__
+from kvscope.runs.run import Run, RunBuffer
+from kvscope.runs.status import Outputs, RunStatus, status_text
+from kvscope.watch.metrics import ScrapeError, metrics_url, scrape
+from kvscope.watch.plugin_log import PluginLog
+from kvscope.watch.source import LOST, WatchSource
+from kvscope.watch.streams import EventStreams, check_endpoints
+
+
+class WatchError(RuntimeError):
+    """The watch could not start (a server that does not answer, an address that cannot be bound)."""
+
+
+def _listed(value: str | os.PathLike | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [os.fspath(v) for v in value]
+
+
+class WatchRun:
+    """A watch in progress: ``WatchRun(urls, ...).start()``; then ``wait()``, ``stop()``, ``run``,
+    ``summary()``, ``engines``. ``kv_events`` (connect: vLLM binds ``tcp://*:PORT``) and ``kv_events_bind``
+    (bind: vLLM connects to a concrete address) give one endpoint per URL, or, for one URL, one per
+    data-parallel rank (rank r publishes on port + r); ``replay`` one replay endpoint per event endpoint.
+    ``plugin_log``: the JSONL that kvscope's vLLM plugin appends to (one per URL): with it, the records are
+    vLLM's own steps. ``duration``: stop after that many seconds (``None``: until ``stop()``)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        kv_events: str | Sequence[str] | None = None,
+        kv_events_bind: str | Sequence[str] | None = None,
+        replay: str | Sequence[str] | None = None,
+        topic: str = "",
+        interval: float = 0.5,
+        duration: float | None = None,
+        outputs: Outputs | None = None,
+        plugin_log: str | os.PathLike | Sequence[str] | None = None,
+        timeout: float | None = None,
+        dashboard: bool = False,
+        dashboard_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.urls = [metrics_url(u) for u in _listed(urls)]
+        if not self.urls:
+            raise ValueError("give at least one server URL, like http://127.0.0.1:8000")
+        if not interval > 0 or (duration is not None and not duration > 0):
+            raise ValueError(f"interval ({interval}) and duration ({duration}) must be positive seconds")
+        self.connect, self.bind, self.replay = _listed(kv_events), _listed(kv_events_bind), _listed(replay)
+        check_endpoints(self.connect, self.bind, self.replay, len(self.urls))
+        self.plugin_logs = [PluginLog(p) for p in _listed(plugin_log)]
+        if len(self.plugin_logs) > len(self.urls):
+            raise ValueError(f"{len(self.plugin_logs)} plugin logs for {len(self.urls)} URLs: one per URL at most")
+        self.topic, self.interval, self.duration = topic, float(interval), duration
+        self.timeout = timeout if timeout is not None else min(max(self.interval, 1.0), 5.0)
+        self.files = outputs or Outputs()
+        self.status = RunStatus.STARTING
+        self.error: BaseException | None = None
+        self.writing_files = False
+        self.t0_ns = time.perf_counter_ns()
+        self.source = WatchSource(self.urls, t0_ns=self.t0_ns, interval_s=self.interval,
+                                  plugin_records=bool(self.plugin_logs))
+        self.meta: dict[str, Any] = {
+            "model": "vLLM", "device": "vLLM server" + ("s" if len(self.urls) > 1 else ""),
+            "source_kind": "kvscope watch", "kvscope_version": __version__, "t0_ns": self.t0_ns,
+            "block_size": 0, "num_blocks": 0, "kv_bytes_per_token": 0, "kv_bytes_per_block": 0, "max_model_len": 0,
+            "watch": self.source.watch,
+        }
+        self._so_far = RunBuffer(self.meta)
+        self._final: Run | None = None
+        self._lock = threading.Lock()  # held by the watch thread while it changes the watch's state
+        self.streams = EventStreams(self.source, self._lock, self.timeout)
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._num_ticks = 0
+        self._num_lost = 0  # servers lost (and not back) at the last tick
+        self._copy: tuple[int, Run] | None = None
+        self.dashboard = None
+        if dashboard:
+            from kvscope.widgets.watch_dashboard import WatchDashboard
+
+            self.dashboard = WatchDashboard(control=self, meta=self.meta, **(dashboard_options or {}))
+
+    # ---- control (any thread) -------------------------------------------------------------------------
+    def start(self) -> WatchRun:
+        if self._thread is not None:
+            raise RuntimeError("this watch was already started")
+        self._thread = threading.Thread(target=self._main, name="kvscope-watch", daemon=True)
+        self._thread.start()
+        if self.dashboard is not None:
+            self.dashboard.start(self._done.is_set)
+        return self
+
+    def stop(self) -> None:
+        """End the watch at the next poll (the files are still written)."""
+        self._stop.set()
+        self._running.set()
+
+    def pause(self) -> None:
+        """Stop adding intervals until ``resume()`` (events still arrive and count)."""
+        if not self.done:
+            self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def engines(self) -> dict[str, dict[str, Any]]:
+        """Engine name ("host:port/engine") -> what the watch knows of it (url, state, pool, model)."""
+        return dict(self.source.watch["engines"])
+
+    @property
+    def status_text(self) -> str:
+        """The status in words: "running · connection lost: 127.0.0.1:8000", "failed: WatchError: ..."."""
+        text = status_text(self.status, self.error, self.writing_files, self.files.errors)
+        lost = [name for name, state in zip(self.source.names, self.source.server_state) if state == LOST]
+        if lost and not self.done:
+            text += " · connection lost: " + ", ".join(lost)
+        gaps = self.source.faults["event_gaps"]
+        if gaps:
+            text += f" · {gaps} KV event gap{'s' if gaps > 1 else ''}"
+        return text
+
+    def wait(self, timeout: float | None = None) -> WatchRun:
+        """Block until the watch is over; raises its error, ``TimeoutError``, or (after stopping the watch
+        and letting it write its files) ``KeyboardInterrupt``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.05):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the watch is still going after {timeout} s ({self.status_text})")
+            if self.dashboard is not None:
+                self.dashboard.join()
+        except KeyboardInterrupt:
+            self.stop()
+            self._done.wait()
+            raise
+        if self.error is not None:
+            raise self.error
+        return self
+
+    # ---- results (any thread) -------------------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        """The ``Run`` so far (a copy, made once per poll), the whole run once over."""
+        if self._final is not None:
+            return self._final
+        with self._lock:
+            n = self._num_ticks
+            if self._copy is None or self._copy[0] != n:
+                live = self._so_far.run()
+                self._copy = (n, Run(live.records, sorted(live.events, key=lambda e: e.t_ns), self._meta_copy()))
+            return self._copy[1]
+
+    def _meta_copy(self) -> dict[str, Any]:
+        """``meta`` as it is now (under the lock): the lanes' columns copied (they grow in place), the rest of
+        the watch description shared (the watch thread replaces those parts whole, never changes them)."""
+        watch = dict(self.meta["watch"])
+        for name in ("lanes", "fleet"):
+            lanes = watch[name] if name == "lanes" else {"": watch[name]}
+            copied = {key: {c: list(v) for c, v in lane.items()} for key, lane in lanes.items()}
+            watch[name] = copied if name == "lanes" else copied[""]
+        return {**self.meta, "watch": watch}
+
+    def summary(self) -> dict[str, Any]:
+        return self.run.summary()
+
+    def save_trace(self, path: str | os.PathLike) -> Path:
+        return self.run.save_trace(path)
+
+    def save_metrics(self, path: str | os.PathLike) -> Path:
+        return self.run.save_metrics(path)
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        return self.run.save_html(path)
+
+    def save_outputs(self) -> dict[str, Path]:
+        """Write the files named in ``files`` now; returns those written (errors in ``files.errors``)."""
+        run = self.run
+        writers = {"trace": run.save_trace, "metrics": run.save_metrics, "html": run.save_html}
+        for kind, path in self.files.wanted().items():
+            try:
+                self.files.written[kind] = writers[kind](path)
+                self.files.errors.pop(kind, None)
+            except Exception as exc:
+                self.files.errors[kind] = f"{type(exc).__name__}: {exc}"
+        return dict(self.files.written)
+
+    # ---- the watch thread -----------------------------------------------------------------------------
+    def _main(self) -> None:
+        ticked = False
+        try:
+            try:
+                self.streams.open(self.connect, self.bind, self.replay, self.topic)
+            except ValueError as exc:
+                raise WatchError(f"KV events: {exc}") from None
+            self._first_scrape()
+            self.streams.catch_up()
+            self.status = RunStatus.RUNNING
+            ticked = True
+            self._tick()
+            self._loop()
+            self.status = RunStatus.STOPPED if self._stop.is_set() else RunStatus.FINISHED
+        except BaseException as exc:  # reported by wait() and on the dashboard
+            self.error, self.status = exc, RunStatus.FAILED
+        finally:
+            try:
+                self._finish(ticked)
+            except BaseException as exc:  # never leave wait() hanging
+                if self.error is None:
+                    self.error, self.status = exc, RunStatus.FAILED
+            finally:
+                self.streams.close()
+                self._done.set()
+
+    def _first_scrape(self) -> None:
+        """Every URL must answer once before the watch begins (one clear error otherwise)."""
+        for i, url in enumerate(self.urls):
+            try:
+                result = scrape(url, self.timeout)
+            except ScrapeError as exc:
+                raise WatchError(f"cannot reach {exc}; is the vLLM server running there "
+                                 "(python -m vllm.entrypoints.openai.api_server ...)?") from None
+            if not result.samples:
+                raise WatchError(f"{url} answers, but with no vllm: metrics; is it a vLLM server?")
+            with self._lock:
+                self.source.on_scrape(i, result.samples, result.num_malformed)
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + self.interval
+        end = None if self.duration is None else time.monotonic() + self.duration
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return
+            if now < next_tick:
+                wait = min(next_tick - now, 0.1, (end - now) if end is not None else 0.1)
+                if not self.streams.wait(wait):
+                    self._stop.wait(wait)
+                continue
+            next_tick = max(next_tick + self.interval, now + self.interval / 2)
+            if self._running.is_set():
+                self._scrape_all()
+                self._tick()
+
+    def _scrape_all(self) -> None:
+        for i, url in enumerate(self.urls):
+            try:
+                result = scrape(url, self.timeout)
+            except ScrapeError as exc:
+                with self._lock:
+                    self.source.on_scrape_error(i, str(exc), time.perf_counter_ns())
+                continue
+            with self._lock:
+                self.source.on_scrape(i, result.samples, result.num_malformed)
+        self._read_plugins()
+
+    def _read_plugins(self) -> None:
+        for i, log in enumerate(self.plugin_logs):
+            lines = log.read()
+            with self._lock:
+                for obj in lines:
+                    self.source.on_plugin(i, obj)
+                self.source.faults["plugin_malformed"] = sum(p.num_malformed for p in self.plugin_logs)
+
+    def _tick(self, *, final: bool = False) -> None:
+        # servers lost since the last tick (the poll before this tick is what notices a loss)
+        was_lost, self._num_lost = self._num_lost, sum(span[2] is None for span in self.source.lost)
+        with self._lock:
+            self.streams.count_faults()
+            records, events = self.source.tick(time.perf_counter_ns(), layout=final or self.dashboard is not None,
+                                               force=final)
+            self._update_meta()
+            for item in (*events, *records):
+                self._so_far.add(item)
+                if self.dashboard is not None:
+                    self.dashboard.feed.push(item)
+            self._num_ticks += 1
+        if self._num_lost > was_lost and self.files.wanted() and not final:
+            self._write_files()  # a server went away: the files hold everything up to now
+
+    def _update_meta(self) -> None:
+        w = self.source.watch
+        engines = list(w["engines"].values())
+        self.meta["model"] = w.get("model") or "vLLM"
+        self.meta["block_size"] = next((e["block_size"] for e in engines if e["block_size"]), 0)
+        self.meta["num_blocks"] = sum(e["num_gpu_blocks"] or 0 for e in engines)
+
+    def _finish(self, ticked: bool) -> None:
+        if not ticked:  # nothing was watched: no files
+            return
+        self.streams.receive_all()  # what arrived since the last poll still counts
+        self._read_plugins()
+        self._tick(final=True)
+        self._final = None
+        with self._lock:
+            meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
+            live = self._so_far.run()
+            self._final = Run(live.records, sorted(live.events, key=lambda e: e.t_ns), meta)
+        if self.files.wanted():
+            self._write_files()
+
+    def _write_files(self) -> None:
+        self.writing_files = True
+        try:
+            self.save_outputs()
+        finally:
+            self.writing_files = False
+
+    # ---- display ----------------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        if self.dashboard is None:
+            return {"text/plain": repr(self)}
+        return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        display(self)
+
+    def __repr__(self) -> str:
+        return f"<WatchRun {', '.join(self.source.names)}: {self.status_text}, {self._num_ticks} polls>"
+
+
+def watch(urls: str | Sequence[str], *, kv_events: str | Sequence[str] | None = None,
+          kv_events_bind: str | Sequence[str] | None = None, replay: str | Sequence[str] | None = None,
+          interval: float = 0.5, duration: float | None = None, trace: str | os.PathLike | None = None,
+          metrics: str | os.PathLike | None = None, html: str | os.PathLike | None = None,
+          plugin_log: str | os.PathLike | Sequence[str] | None = None, dashboard: bool = False,
+          **options: Any) -> WatchRun:
+    """Start watching vLLM server(s) at ``urls`` (``http://HOST:PORT``); returns the started ``WatchRun``.
+
+    ``kv_events`` / ``kv_events_bind``: KV cache event endpoints (connect to a publisher that binds, or bind
+    for one that connects); ``replay``: their replay endpoints; ``plugin_log``: the plugin's JSONL;
+    ``trace`` / ``metrics`` / ``html``: files written at the end (and when a server is lost)."""
+    outputs = Outputs(trace=Path(trace) if trace else None, metrics=Path(metrics) if metrics else None,
+                      html=Path(html) if html else None)
+    return WatchRun(urls, kv_events=kv_events, kv_events_bind=kv_events_bind, replay=replay, interval=interval,
+                    duration=duration, outputs=outputs, plugin_log=plugin_log, dashboard=dashboard,
+                    **options).start()

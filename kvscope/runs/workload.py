@@ -1,0 +1,184 @@
+"""Workloads: what requests a run submits.
+
+Shared by the ``%kvscope`` magic, the ``kvscope run`` command line and the benchmarks, so nothing here
+knows about IPython or the engine's internals: a workload is a list of ``WorkItem`` (a prompt, as text
+or token ids, and its ``SamplingParams``).
+
+- ``synthetic_workload``: seeded random token-id prompts with lengths drawn from ranges, optionally all
+  starting with one shared prefix (to exercise prefix caching). Output lengths are exact because the
+  requests ignore EOS, the usual choice for benchmarks.
+- ``read_prompts``: one prompt per line (``\\n`` or ``\\r\\n``) of a UTF-8 text file, a pipe or a FIFO, with
+  errors that say what is wrong and on which line.
+- ``prompts_workload``: text prompts with output lengths drawn from a range; EOS ends them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvscope.engine.request import SamplingParams
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request to submit: ``engine.add_request(item.prompt, item.params)``."""
+
+    prompt: str | list[int]
+    params: SamplingParams
+    source: str = ""  # where it came from, for error messages: "line 3 of prompts.txt"
+
+    @property
+    def num_prompt_tokens(self) -> int | None:
+        """Known for token-id prompts; ``None`` for text until a tokenizer has seen it."""
+        return None if isinstance(self.prompt, str) else len(self.prompt)
+
+
+def parse_range(text: str | int | Sequence[int], name: str = "range") -> tuple[int, int]:
+    """``"32"`` -> (32, 32); ``"16-64"`` or ``"16:64"`` -> (16, 64); ``(a, b)`` passes through checked."""
+    if isinstance(text, int):
+        lo = hi = text
+    elif isinstance(text, str):
+        parts = text.strip().replace(":", "-").split("-")
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{name} {text!r} must be a number or LO-HI, like 32 or 16-64") from None
+        if len(values) == 1:
+            lo = hi = values[0]
+        elif len(values) == 2:
+            lo, hi = values
+        else:
+            raise ValueError(f"{name} {text!r} must be a number or LO-HI, like 32 or 16-64")
+    else:
+        lo, hi = (int(v) for v in text)
+    if lo < 1:
+        raise ValueError(f"{name} {text!r}: lengths must be at least 1")
+    if hi < lo:
+        raise ValueError(f"{name} {text!r}: the upper end {hi} is below the lower end {lo}")
+    return lo, hi
+
+
+def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **changes) -> SamplingParams:
+    """A copy of ``base`` for request ``index``: its own length, and its own seed when one is set
+    (seed + index), so sampled requests differ from each other and the run is still reproducible."""
+    seed = None if base.seed is None else base.seed + index
+    if seed is not None and seed >= 2**64:  # past torch's 64 bits: wrap around
+        seed -= 2**64
+    return replace(base, max_tokens=max_tokens, seed=seed, **changes)
+
+
+def synthetic_workload(
+    num_requests: int,
+    prompt_len: tuple[int, int] = (16, 64),
+    output_len: tuple[int, int] = (16, 64),
+    *,
+    vocab_size: int,
+    shared_prefix_len: int = 0,
+    seed: int = 0,
+    params: SamplingParams | None = None,
+    exclude_ids: Iterable[int] = (),
+) -> list[WorkItem]:
+    """``num_requests`` random token-id prompts, reproducible from ``seed``.
+
+    Each prompt is ``shared_prefix_len`` common tokens followed by a length drawn uniformly from
+    ``prompt_len``; each output length is drawn from ``output_len`` and reached exactly (EOS ignored).
+    ``exclude_ids`` (special tokens such as EOS or padding) never appear in a prompt.
+    """
+    if num_requests < 1:
+        raise ValueError(f"num_requests={num_requests} must be at least 1")
+    if shared_prefix_len < 0:
+        raise ValueError(f"shared_prefix_len={shared_prefix_len} must be >= 0")
+    prompt_len = parse_range(prompt_len, "prompt length")
+    output_len = parse_range(output_len, "output length")
+    excluded = set(exclude_ids)
+    allowed = [t for t in range(vocab_size) if t not in excluded]
+    if not allowed:
+        raise ValueError(f"no token ids left to draw prompts from (vocab_size={vocab_size})")
+    rng = random.Random(seed)
+    prefix = rng.choices(allowed, k=shared_prefix_len)
+    base = params or SamplingParams()
+    items = []
+    for i in range(num_requests):
+        tokens = prefix + rng.choices(allowed, k=rng.randint(*prompt_len))
+        item_params = _per_request_params(base, rng.randint(*output_len), i, ignore_eos=True)
+        items.append(WorkItem(tokens, item_params))
+    return items
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a text file, one per line; blank lines are skipped, lines are not stripped
+    otherwise. Raises ``ValueError`` for a missing, unreadable, non-UTF-8 or prompt-less file."""
+    return [prompt for _, prompt in read_prompt_lines(path)]
+
+
+MAX_PROMPTS_FILE_BYTES = 256 << 20  # 256 MiB of prompts: far beyond a run's worth
+
+
+def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
+    """``read_prompts`` with each prompt's line number (from 1). Any readable file works: a regular file,
+    a pipe or FIFO (``/dev/stdin``, ``<(...)``), read once to the end."""
+    path = Path(path).expanduser()
+    shown = str(path)
+    try:
+        with open(path, "rb") as f:  # bytes: no newline translation, so line numbers are the file's own
+            data = f.read(MAX_PROMPTS_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"prompts file {shown!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"prompts file {shown!r} is a folder; give a text file with one prompt per line") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read prompts file {shown!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPTS_FILE_BYTES:
+        raise ValueError(f"prompts file {shown!r} is larger than {MAX_PROMPTS_FILE_BYTES >> 20} MiB; "
+                         "give fewer prompts")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"prompts file {shown!r} is not UTF-8 text (byte {exc.start} cannot be decoded) on line {line}; "
+            "save it as UTF-8 with one prompt per line"
+        ) from None
+    prompts = numbered_prompts(text)
+    if not prompts:
+        raise ValueError(f"prompts file {shown!r} has no prompts: write one prompt per line")
+    return prompts
+
+
+def prompts_from_text(text: str) -> list[str]:
+    """Non-blank lines of ``text`` (a ``%%kvscope`` cell body, a prompts file), BOM and CR removed."""
+    return [prompt for _, prompt in numbered_prompts(text)]
+
+
+def numbered_prompts(text: str) -> list[tuple[int, str]]:
+    """``prompts_from_text`` with each prompt's line number (from 1). Lines end at ``\\n`` (or ``\\r\\n``)
+    only: other characters ``str.splitlines`` breaks at (``\\r``, ``\\x0b``, ``\\x1c``, ``\\u2028``, ...)
+    stay inside their prompt, so a line of the file is one prompt and error messages name the right line."""
+    lines = text.removeprefix("\ufeff").split("\n")
+    return [(n, line.removesuffix("\r")) for n, line in enumerate(lines, 1) if line.strip()]
+
+
+def prompts_workload(
+    prompts: Sequence[str | list[int]],
+    output_len: tuple[int, int] = (64, 64),
+    *,
+    seed: int = 0,
+    params: SamplingParams | None = None,
+    ignore_eos: bool = False,
+    sources: Sequence[str] | None = None,
+) -> list[WorkItem]:
+    """One request per prompt, output length drawn from ``output_len`` (seeded); EOS ends a request
+    early unless ``ignore_eos``. ``sources`` names where each prompt came from (error messages)."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    output_len = parse_range(output_len, "output length")
+    rng = random.Random(seed)
+    base = params or SamplingParams()
+    sources = sources or [""] * len(prompts)
+    return [
+        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos), source)
+        for i, (prompt, source) in enumerate(zip(prompts, sources))
+    ]
