@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
 from fakes import FakePublisher, FakeServer, free_port, removed, stored
 
 import kvscope

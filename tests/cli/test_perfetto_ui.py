@@ -20,7 +20,7 @@ from kvscope import Engine, SamplingParams
 from kvscope.cli.perfetto_ui import PerfettoServer, serve, trace_bytes, ui_root
 from kvscope.runs.run import Run
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 @pytest.fixture(scope="module")
