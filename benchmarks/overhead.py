@@ -11,7 +11,7 @@ Each mode gets its own engine over one shared model. Runs are interleaved (off, 
 that drift of a shared machine hits every mode alike; the figure is the median of the repeats.
 Throughput is reported per wall-clock second and per CPU second of this process (``process_time``):
 on a machine shared with other work the wall-clock figure swings with their load, the CPU-time one
-much less (with ``--threads 1`` especially). Last, telemetry's own time per step (``Engine._record``
+much less (with ``--threads 1`` especially). Last, telemetry's own time per step (``EngineSource.record``
 timed directly) is the cost itself, free of run-to-run noise.
 
 ``MODES`` lists what is compared: a name, whether the engine records, and an optional
@@ -83,7 +83,7 @@ def run_once(engine: Engine, mode: Mode, work: list[WorkItem]) -> tuple[float, f
 def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
     """(recorder CPU microseconds per step, its share of the steps' CPU time) over one untimed run.
 
-    Thread CPU time (``thread_time_ns``) of ``Engine._record`` (the step's batch summary and counters, and
+    Thread CPU time (``thread_time_ns``) of ``EngineSource.record`` (the step's batch summary and counters, and
     ``Recorder.record_step``) and of ``Engine.step``: unlike wall time it
     does not count the moments another process held the core. With several torch threads the step's
     worker-thread time is left out, which overstates the share (a safe error).
@@ -93,7 +93,7 @@ def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
         raise ValueError("recorder_cost needs an engine with telemetry on")
     in_record: list[int] = []
     in_step: list[int] = []
-    record_step, step = engine._record, engine.step
+    record_step, step = engine.source.record, engine.step
 
     def timed_record(*args, **kwargs):
         t = time.thread_time_ns()
@@ -109,11 +109,11 @@ def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
 
     recorder.clear()
     engine.pool.reset_prefix_cache()
-    engine._record, engine.step = timed_record, timed_step
+    engine.source.record, engine.step = timed_record, timed_step
     try:
         engine.generate([w.prompt for w in work], [w.params for w in work])
     finally:
-        del engine._record, engine.step
+        del engine.source.record, engine.step
     return sum(in_record) / len(in_record) / 1e3, sum(in_record) / sum(in_step)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,24 @@ def test_no_import_cycles(tmp_path):
 def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     graph = find_cycles(installed_tree(tmp_path, cycle=True))
     assert graph["cycles"] == [["kvscope.zz_a", "kvscope.zz_b"]]
+
+
+def contract_folders() -> set[str]:
+    """The subpackages that the layer contract in pyproject.toml names."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    return {name.strip() for layer in layers for name in re.split(r"[|:]", layer)}
+
+
+def test_every_module_sits_in_a_layer_folder():
+    """A new module lands in a folder, and the folder's contracts cover it: directly in kvscope/ there are only
+    the package's own three files."""
+    folders = contract_folders()
+    assert {"kvscope.cli", "kvscope.magic", "kvscope.runs", "kvscope.widgets", "kvscope.engine",
+            "kvscope.telemetry", "kvscope.kernels"} <= folders
+    top = sorted(p.name for p in (ROOT / "kvscope").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "_version.py"]
+    installed = {f"kvscope.{p.name}" for p in (ROOT / "kvscope").iterdir()
+                 if p.is_dir() and (p / "__init__.py").exists()} | {"kvscope.kernels", "kvscope.widgets"}
+    assert installed == folders, installed ^ folders

@@ -9,9 +9,9 @@ cumulative shares; the page map of every run side by side under one replay slide
 
 The key of run colours sits above the plots with a toggle per run, so no legend covers data; the
 static reservation is drawn in times the pool. The text parts (header, warnings, table) come from
-``compare_table.py``. The page maps reuse the report's parts: ``PageMapPanel`` draws each run's map, ``report.page_map_history``
-packs its history and ``report.REPLAY_JS`` rebuilds it at the slider's step (in time mode, at the
-last step that ended by the slider's time). Every text from a run passes ``html.escape`` before it
+``compare_table.py``. The page maps reuse the report's parts: ``PageMapPanel`` draws each run's map,
+``panels.replay.page_map_history`` packs its history and ``panels.replay.REPLAY_JS`` rebuilds it at the
+slider's step (in time mode, at the last step that ended by the slider's time). Every text from a run passes ``html.escape`` before it
 reaches a ``Div``.
 """
 
@@ -43,7 +43,7 @@ from kvscope.utils.files import atomic_write
 from .compare_table import Compared, MiB, header_html, run_color, summary_html
 from .feed import Tick
 from .panels.page_map import PageMapPanel
-from .report import REPLAY_JS, page_map_history
+from .panels.replay import REPLAY_JS, page_map_history
 from .theme import FULL_WIDTH, HALF_WIDTH, HEIGHT, TIMES, add_hover, hover_value, new_figure, tick_formatter
 
 # (column, title, y axis label, tick format: theme.tick_formatter's): one figure per quantity, one line per run.
@@ -81,7 +81,7 @@ TOGGLE_JS = """
 for (let i = 0; i < renderers.length; i++) for (const r of renderers[i]) r.visible = toggle.active.includes(i);
 """
 
-# Before report.REPLAY_JS: the step to show (by time: the last one that ended by the slider's time),
+# Before replay.REPLAY_JS: the step to show (by time: the last one that ended by the slider's time),
 # handed over as the ``slider.value`` that REPLAY_JS reads.
 REPLAY_PRELUDE_JS = """
 let target = ctl.value;

@@ -15,7 +15,7 @@ import pandas as pd
 from bokeh.palettes import Category10
 
 if TYPE_CHECKING:
-    from .report import RecordedRun
+    from .panels.report_parts import RecordedRun
 
 MiB = 1 << 20
 

@@ -24,11 +24,6 @@ from kvscope.telemetry.records import RequestEvent, StepRecord
 Item = StepRecord | RequestEvent
 
 
-def item_time(item: Item) -> int:
-    """A record counts at its end (after its own events), an event at its time."""
-    return item.t_end_ns if isinstance(item, StepRecord) else item.t_ns
-
-
 @dataclass(slots=True)
 class Tick:
     """What arrived since the previous tick. ``final``: nothing more will come."""

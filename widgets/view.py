@@ -15,12 +15,10 @@ from bokeh.models import LayoutDOM
 from jupyter_bokeh import BokehModel
 
 from .panels.base import Panel
+from .panels.registry import ROWS
 from .transport import ViewGate, parse_ack
 
 REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the control
-# Rows of panel names; a row with two panels puts them side by side.
-ROWS = (("kpi",), ("memory", "page_map"), ("occupancy", "batch"), ("latency",), ("timeline",), ("speculation",),
-        ("draft_page_map",))  # the last two stay hidden unless the run speculates
 
 
 class Control(Protocol):
@@ -101,6 +99,8 @@ class DashboardView:
         extra_controls: Sequence[w.Widget] = (),
         rows: Sequence[Sequence[str]] | None = None,
     ) -> None:
+        # rows of panel names (a row with two panels puts them side by side): a run's (``registry.ROWS``)
+        # unless given
         self._control = weakref.ref(control) if control is not None else None
         by_name = {p.name: _OneWayBokehModel(p.model, lock) for p in panels}
         self.models: list[_OneWayBokehModel] = list(by_name.values())

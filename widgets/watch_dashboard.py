@@ -5,6 +5,7 @@ view's Stop / Pause buttons driving the watch), with the watch's own panels: KPI
 plus the fleet, the prefix-tree residency, latency distributions from vLLM's histograms, and, with the
 plugin (vLLM's own steps), the run's batch-composition and per-request panels. The watch panels read
 ``meta["watch"]``, which grows with every poll, so they update on every tick (``update_every_tick``).
+The panels and their rows are declared once, in ``panels.registry.WATCH_PANELS``.
 """
 
 from __future__ import annotations
@@ -13,25 +14,14 @@ from typing import Any
 
 from .dashboard import Dashboard
 from .feed import Feed
-from .panels.base import DEFAULT_ROLLOVER, Panel, PanelContext
-from .panels.batch import BatchPanel
-from .panels.fleet import FleetPanel
-from .panels.prefix_tree import PrefixTreePanel
-from .panels.timeline import TimelinePanel
-from .panels.watch_kpi import WatchKpiPanel
-from .panels.watch_latency import WatchLatencyPanel
+from .panels.base import DEFAULT_ROLLOVER, Panel
+from .panels.registry import WATCH_PANELS, WATCH_ROWS, build_panels
 from .stats import LatencyStats
-
-WATCH_PANELS: tuple[type[Panel], ...] = (WatchKpiPanel, FleetPanel, PrefixTreePanel, WatchLatencyPanel)
-PLUGIN_PANELS: tuple[type[Panel], ...] = (BatchPanel, TimelinePanel)  # with vLLM's own steps (the plugin)
-WATCH_ROWS = (("watch_kpi",), ("fleet",), ("prefix_tree",), ("watch_latency",), ("batch",), ("timeline",))
 
 
 def build_watch_panels(stats: LatencyStats, rollover: int | None, meta: dict) -> list[Panel]:
-    context = PanelContext(stats, rollover, meta)
-    watch = meta.get("watch") if isinstance(meta.get("watch"), dict) else {}
-    kinds = WATCH_PANELS + (PLUGIN_PANELS if watch.get("plugin") else ())
-    return [kind.create(context) for kind in kinds]
+    """The panels of ``registry.WATCH_PANELS`` that the watch calls for (the plugin's only with vLLM's own steps)."""
+    return build_panels(stats, rollover, meta, WATCH_PANELS)
 
 
 class WatchDashboard(Dashboard):

@@ -1,6 +1,7 @@
 """A watched vLLM run, shown again: one standalone HTML file (``save_html``: the watch panels filled from
-the whole run, BokehJS inlined so it opens offline) or in a notebook (``show``). What ``Run.save_html`` /
-``Run.show`` call for a run with ``meta["watch"]``; like ``report.py`` it never imports ``kvscope.runs.run``.
+the whole run, BokehJS inlined so it opens offline) or in a notebook (``show``). What
+``WatchedRun.save_html`` / ``WatchedRun.show`` call (a run with ``meta["watch"]``); like ``report.py`` it
+never imports ``kvscope.runs.run``. The panels and their rows are ``panels.registry.WATCH_PANELS``.
 
 The header says which numbers are exact (counters, KV events), which are estimated (percentiles from
 histogram buckets) and what cannot be known from outside (block ids, token-level fill, fragmentation).
@@ -21,11 +22,11 @@ from bokeh.resources import INLINE
 from kvscope.utils.files import atomic_write
 
 from .feed import Feed
-from .panels.registry import apply_tick
+from .panels.registry import WATCH_PANELS, apply_tick, report_rows
+from .panels.report_parts import RecordedRun, ReportContext
 from .panels.requests_table import RequestsTable, request_texts
-from .report import RecordedRun
 from .stats import LatencyStats
-from .watch_dashboard import WATCH_ROWS, WatchDashboard, build_watch_panels
+from .watch_dashboard import WatchDashboard, build_watch_panels
 
 NOTES = ("exact: tokens, prefix-cache hits, preemptions and finished requests (vLLM's counters, deltas since "
          "the watch began); cached blocks, evictions and the prefix tree (KV events)",
@@ -68,9 +69,9 @@ def build_watch_report(run: RecordedRun):
     stats = LatencyStats()
     meta = dict(run.meta)
     meta.setdefault("t0_ns", run.t0_ns)
-    panels = {p.name: p for p in build_watch_panels(stats, None, meta)}
-    apply_tick(list(panels.values()), stats, Feed.of(run.records, run.events).poll(final=True))
-    parts = [_header(run), *(panels[name].model for row in WATCH_ROWS for name in row if name in panels)]
+    panels = build_watch_panels(stats, None, meta)
+    apply_tick(panels, stats, Feed.of(run.records, run.events).poll(final=True))
+    parts = [_header(run), *report_rows(WATCH_PANELS, panels, ReportContext(run))]
     if len(run.requests):
         parts.append(RequestsTable(run.requests, request_texts(run.meta)).model)
     return column(*parts)

@@ -1,13 +1,13 @@
 """The command line's error and parser: ``CLIError`` (a one-line failure with an exit code) and ``Parser``,
 whose usage errors are ``CLIError``s with exit code 2.
 
-The run options themselves are declared once, in ``kvscope/options.py``, for ``kvscope run`` and
-``%kvscope`` alike.
+The run options themselves are declared once, in ``kvscope.options``, for ``kvscope run`` and ``%kvscope``
+alike; each command's parser is a ``Parser`` (``kvscope.cli.main.build_parser``).
 """
 
 from __future__ import annotations
 
-from kvscope.options.run import OptionParser
+from kvscope.options.parser import OptionParser
 
 
 class CLIError(Exception):

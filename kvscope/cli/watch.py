@@ -9,13 +9,13 @@ with 0. A server that does not answer at the start: one line, exit 1. Bad option
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from contextlib import suppress
 
+from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
-from kvscope.cli.run import StopSignal, stop_signals
+from kvscope.cli.signals import signal_number, stop_signals, wait_until_done
 from kvscope.options.watch import add_watch_options, watch_kwargs
 from kvscope.utils.files import check_outputs
 
@@ -36,15 +36,23 @@ exact: token counts, prefix hits, preemptions, cached blocks; estimated (≈): l
 (histogram buckets); unknowable from outside: block ids, fragmentation. See docs/vllm.md."""
 
 
-def add_watch_parser(sub) -> argparse.ArgumentParser:
-    watch = sub.add_parser("watch", help="watch running vLLM servers: KV cache, prefix tree, latency; files",
-                           description="Attach to running vLLM servers from outside: poll their Prometheus "
-                           "/metrics, follow their KV cache events, read kvscope's vLLM plugin; write the same "
-                           "trace, metrics and HTML report as a kvscope run.",
-                           epilog=EPILOG_WATCH, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_watch_options(watch)
-    watch.add_argument("-q", "--quiet", action="store_true", help="no status line or table; print the files")
-    return watch
+class WatchCommand(Command):
+    name = "watch"
+    help = "watch running vLLM servers: KV cache, prefix tree, latency; files"
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        watch = self.subparser(subparsers, "Attach to running vLLM servers from outside: poll their Prometheus "
+                               "/metrics, follow their KV cache events, read kvscope's vLLM plugin; write the same "
+                               "trace, metrics and HTML report as a kvscope run.", EPILOG_WATCH)
+        add_watch_options(watch)
+        watch.add_argument("-q", "--quiet", action="store_true", help="no status line or table; print the files")
+        return watch
+
+    def run(self, args: argparse.Namespace) -> int:
+        return cmd_watch(args)
+
+
+COMMAND = WatchCommand()
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -63,9 +71,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
             run.start()
             _follow(run, args.quiet)
         except KeyboardInterrupt as exc:
-            stopped_by = getattr(exc, "signum", signal.SIGINT)
+            stopped_by = signal_number(exc)
             run.stop()
-            _wind_down(run)
+            with suppress(OSError):
+                print("kvscope: stopping the watch and writing the files", file=sys.stderr, flush=True)
+            wait_until_done(run)
     return _report(run, args.quiet, stopped_by)
 
 
@@ -98,16 +108,6 @@ def _status_line(run) -> str:
     return (f"{run.status_text} · running {num('running', '{:.0f}')} waiting {num('waiting', '{:.0f}')} · "
             f"KV {num('kv_usage', '{:.1%}')} · {num('generation_tokens_per_s', '{:,.0f}')} gen tok/s · "
             f"{num('blocks_cached', '{:,}')} blocks cached")
-
-
-def _wind_down(run) -> None:
-    with suppress(OSError):
-        print("kvscope: stopping the watch and writing the files", file=sys.stderr, flush=True)
-    while not run.done:
-        try:
-            time.sleep(0.05)
-        except StopSignal:
-            continue
 
 
 def _report(run, quiet: bool, stopped_by: int | None) -> int:

@@ -1,5 +1,6 @@
 """The engine: ``Engine`` and its loop (``engine.py``, ``generate.py``), its configuration and requests, the
-checks at its edge, sizing of the KV pool, and the engine as a telemetry source (``source.py``).
+checks at its edge, how ``Engine()`` builds its parts (``build.py``) and sizes the KV pool (``sizing.py``),
+and the engine as a telemetry source (``source.py``).
 
 - ``core/``: the scheduler, the KV cache manager and its block pool, KV cache groups, and the types a step
   hands from one part to the next (``output.py``). Needs no model.

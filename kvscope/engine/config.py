@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +16,12 @@ import torch
 
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.validation import UINT64_MAX, check_bool, check_int, check_real, parse_device
-from kvscope.engine.worker.fusion import LINEAR_BACKENDS
+from kvscope.models.hf_config import kv_bytes_per_token
 
 GiB = 1 << 30
 MiB = 1 << 20
 
+LINEAR_BACKENDS = ("auto", "torch", "onednn")  # the CPU GEMMs (worker/fusion.py)
 INT64_MAX = (1 << 63) - 1  # the largest size torch can index
 # What the engine reserves for the KV cache on the CPU when the user gives no budget.
 DEFAULT_CPU_KV_BYTES = 1 * GiB
@@ -98,21 +98,6 @@ class ModelSpec:
             layers=tuple(layers),
         )
 
-    @classmethod
-    def from_hf_config(cls, config: Any, dtype: torch.dtype | None = None) -> ModelSpec:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        num_heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
-        return cls(
-            num_layers=text.num_hidden_layers,
-            num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
-            head_dim=head_dim,
-            num_heads=num_heads,
-            dtype=dtype or getattr(text, "dtype", None) or torch.float32,
-            max_model_len=max_positions(text),
-            vocab_size=getattr(text, "vocab_size", 0),
-        )
-
     @property
     def dtype_bytes(self) -> int:
         return self.dtype.itemsize
@@ -123,7 +108,7 @@ class ModelSpec:
         layers of KV heads x (key + value head size) x bytes."""
         if self.layers:
             return sum(layer.kv_elems_per_token for layer in self.layers) * self.dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype_bytes)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return self.kv_bytes_per_token * block_size
@@ -144,10 +129,6 @@ class ModelSpec:
             total += kept * layer.kv_elems_per_token
         return total * self.dtype_bytes
 
-    @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
-
 
 POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
                    "max_seq_len")  # fmt: skip
@@ -165,11 +146,6 @@ def max_positions(text_config: Any) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    """Pages needed to hold ``num_tokens`` tokens (the last one may be partly filled)."""
-    return cdiv(num_tokens, block_size)
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -247,20 +223,3 @@ class EngineConfig:
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra={self.extra!r} must be a dict")
         self.speculative_config = SpeculativeConfig.coerce(self.speculative_config)
-
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """'40GiB', '512MB', '1.5G', 1024 -> bytes. Binary units for both spellings (GB == GiB), as the
-    course's worked examples use them."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*", text.upper())
-    if match is None:
-        raise ValueError(f"cannot read {text!r} as a size; write it like '40GiB', '512MiB' or a byte count")
-    value = float(match.group(1)) * _UNITS[match.group(2)]
-    if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
-    return int(value)

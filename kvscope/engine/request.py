@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import itertools
 import numbers
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -143,8 +145,33 @@ class Request:
         self.all_token_ids.append(token_id)
 
 
+def checked_params(params: SamplingParams | None) -> SamplingParams:
+    """A request's params (None: the defaults), checked again since their fields may have been changed
+    after construction: ``TypeError`` for anything but ``SamplingParams``, else ``validate``'s errors."""
+    params = params if params is not None else SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling params must be a SamplingParams, not {type(params).__name__}")
+    params.validate()
+    return params
+
+
 def next_request_id() -> str:
     return f"req-{next(_request_counter)}"
+
+
+def rejected_request(prompt: Any, params: Any, error: str, tokenizer: Any = None) -> Request:
+    """A request that cannot run (``Engine.reject``), finished at once with status ``error``: its prompt's
+    tokens where they can be read (else none), default params where ``params`` are not ``SamplingParams``."""
+    text = prompt if isinstance(prompt, str) else None
+    try:
+        tokens = tokenizer.encode(prompt) if text and tokenizer else token_ids(prompt)
+    except (TypeError, ValueError):
+        tokens = []
+    if not isinstance(params, SamplingParams):
+        params = SamplingParams()
+    request = Request(next_request_id(), tokens, params, prompt=text, arrival_time=time.perf_counter())
+    request.status, request.error = RequestStatus.FINISHED_ERROR, error
+    return request
 
 
 @dataclass(slots=True)
@@ -164,6 +191,21 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @classmethod
+    def of(cls, request: Request, text: str) -> RequestOutput:
+        """A copy of where ``request`` stands (``text``: its output tokens, decoded)."""
+        return cls(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.output_token_ids),
+            text=text,
+            finish_reason=request.finish_reason,
+            error=request.error,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions,
+        )
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
 """kvscope's engine as a telemetry source: what it hands the recorder, as plain records.
 
 Telemetry (``kvscope.telemetry``) never sees the engine, its scheduler or its requests. The engine
-builds the static run metadata once (``run_metadata``), and after each step the ``BatchSummary`` of
-its ``SchedulerOutput`` (``batch_summary``); ``Scheduler.make_stats`` gives the counters. The
-profiler's backend hook is ``wrap_backend``.
+builds the static run metadata once (``run_metadata``); its ``EngineSource`` hands the recorder request
+events, and after each step (one call, ``step_done``) the events the step's tokens caused and the step's
+record: the ``BatchSummary`` of its ``SchedulerOutput`` (``batch_summary``), the ``StepTimings`` its
+``StepClock`` took and ``Scheduler.make_stats``'s counters. The profiler's backend hook is ``wrap_backend``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,111 @@ from typing import Any
 import torch
 
 from kvscope.engine.config import EngineConfig, ModelSpec
-from kvscope.engine.core.scheduler import SchedulerOutput
-from kvscope.engine.request import Request
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
+from kvscope.engine.core.scheduler import Scheduler
+from kvscope.engine.request import Request, RequestStatus
+from kvscope.engine.spec_decode import Speculator
 from kvscope.engine.worker.model_runner import ModelRunner
-from kvscope.telemetry.records import BatchSummary, RequestProgress, ScheduledItem, SpecDecodeStats
+from kvscope.telemetry.memory import MemoryProbe
+from kvscope.telemetry.recorder import Recorder
+from kvscope.telemetry.records import (
+    BatchSummary,
+    PhaseMarks,
+    RequestProgress,
+    ScheduledItem,
+    SpecDecodeStats,
+    StepRecord,
+    StepTimings,
+)
+
+
+class StepClock:
+    """A step's phase boundaries: ``phase(name)`` takes the time (for ``StepTimings``) and tells the
+    profiler's marks that ``name`` begins; ``stop()`` only takes the time (a step that ran nothing)."""
+
+    __slots__ = ("marks", "times")
+
+    def __init__(self, marks: PhaseMarks) -> None:
+        self.marks = marks
+        self.times: list[int] = []
+
+    def phase(self, name: str) -> None:
+        self.times.append(time.perf_counter_ns())
+        self.marks.begin(name)
+
+    def stop(self) -> None:
+        self.times.append(time.perf_counter_ns())
+
+    def timings(self) -> StepTimings:
+        """The step's ``StepTimings``, ending now; the phases it skipped repeat its last time."""
+        t = self.times
+        return StepTimings(*t, *[t[-1]] * (5 - len(t)), time.perf_counter_ns())
+
+
+class EngineSource:
+    """The engine's side of its ``Recorder`` (``None``: telemetry off, nothing is recorded): request
+    events, one record per step, state records between steps. Owns the step index: the index of the
+    next recorded step (every step that ran a batch takes one, recorded or not). No ``__slots__``:
+    ``benchmarks/overhead.py`` times ``record`` by replacing it on the instance."""
+
+    def __init__(self, recorder: Recorder | None, scheduler: Scheduler, speculator: Speculator | None,
+                 block_size: int) -> None:
+        self.recorder, self.scheduler, self.speculator = recorder, scheduler, speculator
+        self.block_size = block_size
+        self.step_index = 0
+
+    def event(self, kind: str, request: Request) -> None:
+        if self.recorder is not None:
+            self.recorder.request_event(kind, request.request_id, self.step_index, request.num_prompt_tokens,
+                                        request.num_output_tokens, request.finish_reason, request.error)
+
+    def step_done(self, sched: SchedulerOutput, update: SchedulerUpdate | None, clock: StepClock) -> None:
+        """A step is over: the events its tokens caused and its record, then the next step index.
+        ``update`` None: it ran nothing, and is recorded (taking an index) only if requests failed or
+        were preempted in it."""
+        if update is None:
+            if self.recorder is not None and (sched.failed or sched.preempted):
+                self.record(sched, [], len(sched.failed), clock.timings())
+                self.step_index += 1  # a recorded step: keep step indices unique
+            return
+        if self.recorder is not None:
+            self._token_events(update)
+            self.record(sched, update.requests, len(update.finished) + len(sched.failed), clock.timings(), update)
+        self.step_index += 1
+
+    def _token_events(self, update: SchedulerUpdate) -> None:
+        running, accepted = RequestStatus.RUNNING, update.spec_accepted
+        for request in update.requests:  # events the step's tokens caused, in sampling order
+            n = len(request.output_token_ids)  # all of them new: its first token (+ accepted drafts)
+            if n == 1 or (accepted and n == 1 + len(accepted.get(request.request_id, ()))):
+                self.event("first_token", request)
+            if request.status is not running:
+                self.event("finished", request)
+
+    def record(self, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
+               timings: StepTimings, update: SchedulerUpdate | None = None) -> StepRecord:
+        """The step's record: its batch summary, the speculator's stats and the scheduler's counters
+        (what ``benchmarks/overhead.py`` times as telemetry's cost per step)."""
+        accepted, spec = update.spec_accepted if update is not None else {}, None
+        if self.speculator is not None:
+            spec = self.speculator.stats(sched.scheduled_spec_decode_tokens, sched.requests, accepted,
+                                         update.spec_freed if update is not None else {}, self.block_size)
+        batch = batch_summary(self.step_index, sched, sampled, num_finished, accepted, spec)
+        return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
+
+    def record_state(self) -> StepRecord | None:
+        """``Engine.record_state``: a zero-duration record with nothing scheduled, if the state changed."""
+        if self.recorder is None:
+            return None
+        stats = self.scheduler.make_stats()
+        if not self.recorder.state_changed(stats):
+            return None
+        timings = StepTimings.instant(time.perf_counter_ns())
+        spec = self.speculator.stats({}, [], {}, {}, self.block_size) if self.speculator is not None else None
+        record = self.recorder.record_step(BatchSummary(self.step_index, spec_decode=spec), timings, stats)
+        self.step_index += 1  # a recorded step: keep step indices unique
+        return record
 
 
 def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
@@ -85,6 +187,14 @@ def wrap_backend(runner: ModelRunner, wrap: Callable[[str, Callable], Callable])
     return restore
 
 
+def make_recorder(meta: dict[str, Any], device: torch.device, pool: BlockPool) -> Recorder:
+    """The engine's recorder (``meta``: ``run_metadata``), with a memory probe of ``device``, listening to
+    its block pool's events."""
+    recorder = Recorder(meta, MemoryProbe(device, meta["weights_bytes"], meta["kv_pool_bytes"]))
+    pool.listeners.append(recorder.block_event)
+    return recorder
+
+
 def weights_bytes(model: torch.nn.Module) -> int:
     """Parameters and buffers of ``model``, tied weights counted once."""
     tensors = [*model.parameters(), *model.buffers()]
@@ -98,13 +208,15 @@ def run_metadata(
     spec: ModelSpec,
     runner: ModelRunner,
     device: torch.device,
-    weights: int,
-    speculative: dict[str, Any] | None = None,
+    model: torch.nn.Module,
+    speculator: Speculator | None = None,
 ) -> dict[str, Any]:
     """What a saved run needs to be read without the engine (all JSON values); the keys the
     recorder itself reads are ``block_size``, ``num_blocks``, ``kv_bytes_per_token``,
     ``kv_bytes_per_block`` and ``max_model_len``."""
     from kvscope._version import __version__
+
+    speculative = speculator.describe() if speculator is not None else None
 
     return {
         "kvscope_version": __version__,
@@ -121,7 +233,7 @@ def run_metadata(
         "block_size": config.block_size,
         "device": str(device),
         "attention_backend": runner.backend.name,
-        "weights_bytes": weights,
+        "weights_bytes": weights_bytes(model),
         "kv_pool_bytes": int(runner.kv_cache_bytes),
         # KV cache groups (kvscope.engine.core.kv_groups): layers per group, slots, padding, why a window is not freed
         "kv_cache_groups": runner.kv_config.describe(),

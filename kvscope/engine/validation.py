@@ -115,6 +115,29 @@ def token_ids(value: Any, name: str = "the prompt", *, text_ok: bool = True, set
     return out
 
 
+def prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int, max_model_len: int) -> tuple[list[int], str | None]:
+    """A prompt's token ids and its text (None when given as token ids), checked against the vocabulary
+    and ``max_model_len``: ``TypeError`` / ``ValueError`` naming the problem."""
+    text = None
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this engine has no tokenizer: pass prompts as lists of token ids")
+        text = prompt
+        ids = tokenizer.encode(prompt) if prompt else []
+    else:
+        ids = token_ids(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if vocab_size and not all(0 <= t < vocab_size for t in ids):
+        raise ValueError(f"the prompt has token ids outside the vocabulary [0, {vocab_size})")
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but the model allows at most {max_model_len - 1} "
+            f"(max_model_len={max_model_len}, one position is needed for the output): shorten it"
+        )
+    return ids, text
+
+
 def is_one_prompt(prompts: Any) -> bool:
     """Whether ``generate`` / ``stream`` got one prompt (a string, 1-D token ids) rather than a list of them."""
     if isinstance(prompts, str):

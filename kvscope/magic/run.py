@@ -2,7 +2,7 @@
 
 ``%load_ext kvscope`` registers the magic and loads BokehJS into the page (inline, works offline).
 The magic splits its line the POSIX way (``shlex``: quotes hold spaces, ``--prompts "my file.txt"``),
-parses it with the run options of ``kvscope/options.py`` (those of ``kvscope run``; ``%kvscope?`` and
+parses it with the run options of ``kvscope.options.run`` (those of ``kvscope run``; ``%kvscope?`` and
 ``%kvscope --help`` show them all), checks everything it can before anything starts (a bad option raises
 ``UsageError`` with the reason, the same line ``kvscope run`` prints), then starts a ``LiveRun`` and returns
 at once: the engine steps in a background thread and the dashboard updates while the notebook stays usable
@@ -13,14 +13,15 @@ the run is over instead.
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from kvscope.options.run import MAGIC, OptionError, OptionParser, add_run_options
-from kvscope.runs.live import LiveRun, Outputs
+from kvscope.magic.base import HelpShown, MagicParser
+from kvscope.options.run import MAGIC, OptionError, add_run_options
+from kvscope.runs.live import LiveRun
 from kvscope.runs.setup import prepare
+from kvscope.runs.spec import RunSpec
 
 DESCRIPTION = """\
 Run a model on the kvscope engine in the background and watch it live.
@@ -38,22 +39,8 @@ The returned run (``-o``) has ``wait()``, ``stop()``, ``pause()``, ``resume()``,
 ``save_html()``, and shows the dashboard when displayed."""
 
 
-class HelpShown(Exception):
-    """``--help`` printed the help; there is nothing to run."""
-
-
-class MagicParser(OptionParser):
-    """The magic's parser: refusals are ``OptionError``s, and ``--help`` prints without leaving the kernel."""
-
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            print(message, end="")
-        raise HelpShown
-
-
 def build_parser() -> MagicParser:
-    parser = MagicParser(prog="%kvscope", description=DESCRIPTION, add_help=False,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = MagicParser("%kvscope", DESCRIPTION, add_help=False)
     parser.add_argument("-h", "--help", action="help", help="show this help (as %%kvscope? does)")
     add_run_options(parser, MAGIC)
     return parser
@@ -61,15 +48,7 @@ def build_parser() -> MagicParser:
 
 def parse_line(line: str) -> argparse.Namespace:
     """The magic's options from its line (``UsageError`` with the reason; ``HelpShown`` after ``--help``)."""
-    try:
-        argv = shlex.split(line)
-    except ValueError as exc:  # an unclosed quote
-        raise UsageError(f"cannot split the options: {exc} (quote a value with spaces, like "
-                         f"--prompts \"my file.txt\")") from None
-    try:
-        return build_parser().parse_args(argv)
-    except OptionError as exc:
-        raise UsageError(str(exc)) from None
+    return build_parser().parse_line(line)
 
 
 @magics_class
@@ -77,11 +56,11 @@ class KVScopeMagics(Magics):
     @line_cell_magic
     def kvscope(self, line: str, cell: str | None = None):
         head, _, rest = line.strip().partition(" ")
-        if head == "sweep":  # %kvscope sweep --block-size 8,16,32 ... (kvscope/magic_sweep.py)
+        if head == "sweep":  # %kvscope sweep --block-size 8,16,32 ... (kvscope.magic.sweep)
             from kvscope.magic.sweep import magic_sweep
 
             return magic_sweep(rest, cell)
-        if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope/magic_watch.py)
+        if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope.magic.watch)
             if cell is not None:
                 raise UsageError("%%kvscope watch takes no cell: use the line magic, %kvscope watch URL ...")
             from kvscope.magic.watch import magic_watch
@@ -109,12 +88,10 @@ def build_run(args: argparse.Namespace, cell: str | None = None) -> LiveRun:
     if cell is not None and not cell.strip():
         raise UsageError("the %%kvscope cell is empty: write one prompt per line, or use %kvscope")
     try:
-        setup = prepare(args, cell)
+        setup = prepare(RunSpec.from_args(args, cell=cell))
     except OptionError as exc:
         raise UsageError(str(exc)) from None
-    outputs = Outputs(trace=args.trace, metrics=args.metrics, html=args.html)
-    return LiveRun(setup.make_engine, setup.workload, outputs=outputs, step_delay=args.step_delay,
-                   profile_steps=args.profile, dashboard=not args.quiet,
+    return LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=not args.quiet,
                    dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
 
 

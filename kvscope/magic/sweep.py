@@ -1,4 +1,4 @@
-"""``%kvscope sweep ...``: a sweep from a notebook cell (``kvscope/sweep.py``), shown live.
+"""``%kvscope sweep ...``: a sweep from a notebook cell (``kvscope.runs.sweep``), shown live.
 
 The line takes the options of ``kvscope sweep`` (one run option given a comma-separated list) plus the
 notebook's own: ``--html`` / ``--csv`` (files written when the sweep ends), ``--wait``, ``-q`` and ``-o``
@@ -9,12 +9,10 @@ current run's dashboard.
 
 from __future__ import annotations
 
-import argparse
-import shlex
-
 from IPython.core.error import UsageError
 
-from kvscope.options.run import MAGIC, OptionError, OptionParser, out_path
+from kvscope.magic.base import HelpShown, MagicParser
+from kvscope.options.run import MAGIC, OptionError, out_path
 from kvscope.options.sweep import add_sweep_options
 from kvscope.runs.sweep import Sweep, plan_from_args
 
@@ -29,20 +27,8 @@ Examples::
   cmp.wait().table"""
 
 
-class _Parser(OptionParser):
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            print(message, end="")
-        raise _HelpShown
-
-
-class _HelpShown(Exception):
-    pass
-
-
-def build_parser() -> OptionParser:
-    parser = _Parser(prog="%kvscope sweep", description=DESCRIPTION,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> MagicParser:
+    parser = MagicParser("%kvscope sweep", DESCRIPTION)
     add_sweep_options(parser, MAGIC)
     out = parser.add_argument_group("outputs and display")
     out.add_argument("--html", type=out_path, default=None, metavar="PATH", help="write the comparison at the end")
@@ -60,11 +46,11 @@ def magic_sweep(line: str, cell: str | None = None) -> Sweep | None:
     if cell is not None and not cell.strip():
         raise UsageError("the %%kvscope sweep cell is empty: write one prompt per line, or use %kvscope sweep")
     try:
-        args = build_parser().parse_args(shlex.split(line))
+        args = build_parser().parse_line(line)
         plan = plan_from_args(args, cell)
-    except _HelpShown:
+    except HelpShown:
         return None
-    except (OptionError, ValueError) as exc:  # ValueError: an unclosed quote (shlex)
+    except OptionError as exc:
         raise UsageError(str(exc)) from None
     sweep = Sweep(plan, dashboard=not args.quiet, html=args.html, csv=args.csv).start()
     if not args.quiet:

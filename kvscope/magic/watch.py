@@ -1,6 +1,6 @@
 """``%kvscope watch URL ...``: a running vLLM server (or a fleet) watched live from a notebook cell.
 
-The line takes the options of ``kvscope watch`` (``kvscope/watch_options.py``) plus the notebook's own:
+The line takes the options of ``kvscope watch`` (``kvscope.options.watch``) plus the notebook's own:
 ``--wait`` (block until the watch ends: ``--duration``, or the kernel's interrupt; a watch that fails
 then fails the cell with its one line), ``-q`` (no dashboard)
 and ``-o`` (return the ``WatchRun``). Like ``%kvscope`` it returns at once: the watch polls on a background
@@ -10,12 +10,9 @@ thread while the dashboard updates. A server that does not answer shows as the d
 
 from __future__ import annotations
 
-import argparse
-import shlex
-
 from IPython.core.error import UsageError
 
-from kvscope.options.run import OptionError, OptionParser
+from kvscope.magic.base import HelpShown, MagicParser
 from kvscope.options.watch import add_watch_options, watch_kwargs
 from kvscope.runs.status import Outputs
 from kvscope.runs.watch_run import WatchRun
@@ -32,20 +29,8 @@ Examples::
   w.stop(); w.summary()"""
 
 
-class _HelpShown(Exception):
-    pass
-
-
-class _Parser(OptionParser):
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            print(message, end="")
-        raise _HelpShown
-
-
-def build_parser() -> OptionParser:
-    parser = _Parser(prog="%kvscope watch", description=DESCRIPTION,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> MagicParser:
+    parser = MagicParser("%kvscope watch", DESCRIPTION)
     add_watch_options(parser)
     out = parser.add_argument_group("display")
     out.add_argument("--wait", "-w", action="store_true", help="block until the watch ends (--duration, or interrupt)")
@@ -57,14 +42,14 @@ def build_parser() -> OptionParser:
 def magic_watch(line: str) -> WatchRun | None:
     """What ``%kvscope watch LINE`` does; ``UsageError`` for a bad line, before anything starts."""
     try:
-        args = build_parser().parse_args(shlex.split(line))
+        args = build_parser().parse_line(line)
         check_outputs({f"--plugin-log {p}": p for p in args.plugin_log},
                       {"--trace": args.trace, "--metrics": args.metrics, "--html": args.html})
         run = WatchRun(**watch_kwargs(args), outputs=Outputs(trace=args.trace, metrics=args.metrics, html=args.html),
                        dashboard=not args.quiet)
-    except _HelpShown:
+    except HelpShown:
         return None
-    except (OptionError, ValueError) as exc:  # ValueError: an unclosed quote (shlex), a bad combination
+    except ValueError as exc:  # a bad combination (an output that is a plugin log, ...)
         raise UsageError(str(exc)) from None
     run.start()
     if not args.quiet:

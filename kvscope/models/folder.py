@@ -1,24 +1,22 @@
 """Is a local folder a causal LM that kvscope can load? Checked from its files alone, before loading.
 
-``check_model_folder`` reads ``config.json`` as plain JSON (no transformers config object is built, so
-nothing is printed and nothing is imported from the folder) and refuses, in one ``ValueError`` line
-naming the folder: a missing, corrupt or non-object ``config.json``; one without ``model_type``, or
+``check_model_folder`` reads ``config.json`` as plain JSON (``hf_config.read_config``: no transformers
+config object is built, so nothing is printed and nothing is imported from the folder) and refuses, in one
+``ValueError`` line naming the folder: a missing, corrupt or non-object ``config.json``; one without ``model_type``, or
 of a type this transformers does not know; a model that is not a causal language model (an encoder
 such as BERT saved as ``BertModel``, an encoder-decoder such as T5); a config that does not give the
 model's size (``{"model_type": "llama"}`` alone would build a default 7B Llama); a folder without weights.
-``load_model`` calls it for folders, and so should a face's early check (``launch.check_model``).
+``load_model`` calls it for folders, and so does the run setup's early check (``runs.setup.check_model``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from kvscope.models.hf_config import gives_size, read_config, text_part
+
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
-# A config must say how big the model is; without it transformers builds its default size (Llama's: 7B)
-SIZE_KEYS = (("hidden_size", "n_embd", "d_model", "dim", "hidden_dim"),
-             ("num_hidden_layers", "n_layer", "num_layers", "n_layers"))
 
 
 def _causal_lm_classes() -> tuple[dict[str, str], set[str]]:
@@ -28,26 +26,6 @@ def _causal_lm_classes() -> tuple[dict[str, str], set[str]]:
 
     causal = {t: c for t, c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if t in CONFIG_MAPPING_NAMES}
     return causal, set(causal.values())
-
-
-def read_config(folder: str | os.PathLike) -> dict:
-    """``config.json`` of ``folder`` as a dict; ``ValueError`` in one line if it is missing or not a JSON object."""
-    path = Path(folder) / "config.json"
-    where = f"model folder {str(folder)!r}"
-    if not path.is_file():
-        raise ValueError(f"{where} has no config.json; give a Hugging Face model folder (config.json and weights)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{where}: config.json is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: config.json is not valid JSON ({exc.msg} at line {exc.lineno}, "
-                         f"column {exc.colno})") from None
-    except RecursionError:
-        raise ValueError(f"{where}: config.json is nested too deeply to read") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{where}: config.json holds a JSON {type(config).__name__}, not an object of settings")
-    return config
 
 
 def check_model_folder(folder: str | os.PathLike) -> None:
@@ -71,8 +49,7 @@ def check_model_folder(folder: str | os.PathLike) -> None:
     if named and not any(a in causal_classes for a in named):
         raise ValueError(f"{where} holds a {named[0]} ({model_type}), not a causal language model (such as "
                          f"{causal[model_type]}): an encoder or task model cannot generate text")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    if not all(any(key in text for key in keys) for keys in SIZE_KEYS):
+    if not gives_size(text_part(config)):
         raise ValueError(f"{where}: config.json does not give the model's size (hidden_size, num_hidden_layers); "
                          f"transformers would build a default {model_type} model instead of the one saved")
     if not any(next(Path(folder).glob(pattern), None) for pattern in WEIGHT_PATTERNS):

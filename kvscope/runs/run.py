@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from kvscope.telemetry import frames as metrics
-from kvscope.telemetry.export import write_metrics, write_trace
+from kvscope.telemetry.export import Lane, write_metrics, write_trace
 from kvscope.telemetry.load import read_run_file
 from kvscope.telemetry.pagemap import page_map_at
 from kvscope.telemetry.records import PageEntry, RequestEvent, StepRecord
+from kvscope.telemetry.run_summary import summary as run_summary
 
 if TYPE_CHECKING:
     from kvscope.engine.engine import Engine
@@ -48,6 +49,14 @@ class Run:
     - ``profiler_events``: torch.profiler (Kineto) events of profiled windows, Chrome-trace dicts
       whose ``ts`` is in absolute perf_counter microseconds.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Run:
+        """The kind of run is chosen here, once: the records of a watched vLLM run (its ``meta`` has a
+        ``"watch"`` description) make a ``WatchedRun``, whoever builds them (a file, a watch, a test)."""
+        meta = args[2] if len(args) > 2 else kwargs.get("meta")
+        if cls is Run and isinstance(meta, dict) and "watch" in meta:
+            cls = WatchedRun
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -78,16 +87,13 @@ class Run:
     def load(cls, path: str | os.PathLike) -> Run:
         """A run from a trace JSON or metrics JSONL written by kvscope (``ValueError`` otherwise)."""
         records, events, meta, profiler = read_run_file(path)
-        if "watch" in meta:  # a watched vLLM run: its description must have the shape its readers expect
-            from kvscope.watch.summary import check_watch
-
-            try:
-                check_watch(meta["watch"])
-            except ValueError as exc:
-                raise ValueError(f"{path}: a damaged kvscope watch file ({exc})") from None
-        run = cls(records, events, meta, profiler)
+        run = cls(records, events, meta, profiler)  # a WatchedRun for a watched vLLM run's file
+        run._check_loaded(path)
         run.meta.setdefault("source", str(path))
         return run
+
+    def _check_loaded(self, path: str | os.PathLike) -> None:
+        """``ValueError`` naming ``path`` if the loaded file's ``meta`` is not what its readers expect."""
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -117,14 +123,8 @@ class Run:
         return self._cached("requests", lambda: metrics.requests_frame(self.records, self.events, self.t0_ns))
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits. A watched
-        vLLM run (``meta["watch"]``) adds its counters, KV event counts, estimates and per-engine split."""
-        out = metrics.summary(self.records, self.events, self.meta, self.requests)
-        if "watch" in self.meta:
-            from kvscope.watch.summary import watch_summary
-
-            out.update(watch_summary(self.meta["watch"]))
-        return out
+        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits."""
+        return run_summary(self.records, self.events, self.meta, self.requests)
 
     def page_map_at(self, step: int) -> list[PageEntry]:
         """Every block's ``PageEntry`` after ``step`` (from the last full snapshot and the diffs since)."""
@@ -134,12 +134,11 @@ class Run:
     def save_trace(self, path: str | os.PathLike) -> Path:
         """Perfetto / Chrome trace JSON (open with ``kvscope view PATH --perfetto``, offline); also loadable with ``kvscope.load``."""
         meta = {**self.meta, "t0_ns": self.t0_ns}  # a hand-made run may lack t0_ns
-        lanes = ()
-        if "watch" in meta:  # a watched vLLM run: a process per engine
-            from kvscope.watch.summary import engine_tracks
+        return write_trace(path, self.records, self.events, meta, self.profiler_events, self._lanes())
 
-            lanes = engine_tracks(meta["watch"], meta["t0_ns"])
-        return write_trace(path, self.records, self.events, meta, self.profiler_events, lanes)
+    def _lanes(self) -> list[Lane]:
+        """Extra processes of the trace (none; a watched run has one per engine)."""
+        return []
 
     def save_metrics(self, path: str | os.PathLike) -> Path:
         """JSON Lines: a header with ``meta``, one line per step and per request event, an end line."""
@@ -147,22 +146,14 @@ class Run:
 
     def save_html(self, path: str | os.PathLike) -> Path:
         """A standalone HTML report (``kvscope.widgets.report``, imported here: widgets never import
-        ``kvscope.runs.run``, so the dependency goes one way); a watched vLLM run has its own
-        (``kvscope.widgets.watch_report``)."""
-        if "watch" in self.meta:
-            from kvscope.widgets.watch_report import save_html
-        else:
-            from kvscope.widgets.report import save_html
+        ``kvscope.runs.run``, so the dependency goes one way)."""
+        from kvscope.widgets.report import save_html
 
         return save_html(self, path)
 
     def show(self) -> None:
-        """Replay the run in a notebook: the dashboard's panels and a page-map step slider (a watched
-        vLLM run: its watch panels)."""
-        if "watch" in self.meta:
-            from kvscope.widgets.watch_report import show
-        else:
-            from kvscope.widgets.report import show
+        """Replay the run in a notebook: the dashboard's panels and a page-map step slider."""
+        from kvscope.widgets.report import show
 
         show(self)
 
@@ -174,6 +165,41 @@ class Run:
             + (f", {tps:.1f} output tok/s" if tps == tps else "")
             + ">"
         )
+
+
+class WatchedRun(Run):
+    """A watched vLLM run (``kvscope watch``): ``meta["watch"]`` describes its servers, engines and lanes.
+    ``Run(...)`` and ``load`` make one for such records; its summary adds the watch's counters, KV event
+    counts, estimates and per-engine split, its trace has a process per engine, and its report and replay
+    are the watch's own (``kvscope.widgets.watch_report``)."""
+
+    def _check_loaded(self, path: str | os.PathLike) -> None:
+        from kvscope.watch.summary import check_watch
+
+        try:
+            check_watch(self.meta["watch"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: a damaged kvscope watch file ({exc})") from None
+
+    def summary(self) -> dict[str, Any]:
+        from kvscope.watch.summary import watch_summary
+
+        return {**super().summary(), **watch_summary(self.meta["watch"])}
+
+    def _lanes(self) -> list[Lane]:
+        from kvscope.watch.summary import engine_tracks
+
+        return engine_tracks(self.meta["watch"], self.t0_ns)
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        from kvscope.widgets.watch_report import save_html
+
+        return save_html(self, path)
+
+    def show(self) -> None:
+        from kvscope.widgets.watch_report import show
+
+        show(self)
 
 
 class RunBuffer:

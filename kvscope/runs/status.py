@@ -1,6 +1,7 @@
 """A live run's small state, in the standard library only (the faces read it without importing the
-engine): ``RunStatus``, the ``Outputs`` it writes at the end, ``status_text`` (the status in words),
-and which live run drives each engine (``claim_engine`` / ``release_engines``)."""
+engine): ``RunStatus``, the ``Outputs`` it writes at the end (a sweep's: ``SweepOutputs``),
+``status_text`` (the status in words), and which live run drives each engine (``claim_engine`` /
+``release_engines``)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ class Outputs:
 
     def wanted(self) -> dict[str, Path]:
         return {k: p for k, p in (("trace", self.trace), ("metrics", self.metrics), ("html", self.html)) if p}
+
+
+@dataclass(slots=True)
+class SweepOutputs:
+    """A sweep's files, written when its last run ends: the comparison as HTML, its ``per_run`` as CSV."""
+
+    html: Path | None = None
+    csv: Path | None = None
+    written: dict[str, Path] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def wanted(self) -> dict[str, Path]:
+        return {k: p for k, p in (("html", self.html), ("csv", self.csv)) if p}
 
 
 def status_text(status: RunStatus, error: BaseException | None, writing_files: bool, file_errors: dict[str, str]) -> str:

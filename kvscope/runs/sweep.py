@@ -6,10 +6,10 @@ cmp.table; cmp.per_run; cmp.save_csv("sweep.csv"); cmp.save_html("sweep.html")
 ```
 
 ``kvscope sweep --block-size 8,16,32,64 [run options] -o sweep.html`` and ``%kvscope sweep ...`` parse
-the run options of ``kvscope/options.py`` with one change (``sweep_options.py``): every option that takes
-one value (workload, sampling, engine) also takes a comma-separated list, and exactly one of them must
-get two or more values. Each value becomes the namespace of one ordinary run, checked by ``launch.prepare`` before the
-first run starts, so a bad value fails at once. The runs share everything else, so the synthetic
+the run options of ``kvscope.options.run`` with one change (``kvscope.options.sweep``): every option that
+takes one value (workload, sampling, engine) also takes a comma-separated list, and exactly one of them
+must get two or more values. Each value is one ``RunSpec`` (the others' spec with that one field replaced),
+checked by ``kvscope.runs.setup.prepare`` before the first run starts, so a bad value fails at once. The runs share everything else, so the synthetic
 workload (seeded, drawn from the model's vocabulary) is the same prompts and the same per-request seeds
 in every run.
 
@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +31,14 @@ from typing import TYPE_CHECKING, Any
 from kvscope.options.run import CLI, RUN_OPTIONS, OptionError, OptionParser, OptionSpec
 from kvscope.options.sweep import SWEPT_GROUPS, Values, add_sweep_options, dest_of, sweepable
 from kvscope.runs.comparison import Comparison, unique_labels
+from kvscope.runs.lifecycle import Lifecycle
+from kvscope.runs.spec import RunSpec
+from kvscope.runs.status import RunStatus, SweepOutputs
 
 if TYPE_CHECKING:
     from kvscope.runs.live import LiveRun
     from kvscope.runs.setup import RunSetup
+
 
 @dataclass(slots=True)
 class SweepPlan:
@@ -46,9 +48,7 @@ class SweepPlan:
     dest: str  # its namespace name, e.g. "block_size"
     values: list[Any]
     labels: list[str]  # "block-size=8", ...
-    setups: list[RunSetup]
-    step_delay: float = 0.0
-    profile_steps: int = 0
+    setups: list[RunSetup]  # each with its RunSpec: the base spec with this value
 
 
 def plan_from_args(args: argparse.Namespace, cell: str | None = None) -> SweepPlan:
@@ -57,8 +57,18 @@ def plan_from_args(args: argparse.Namespace, cell: str | None = None) -> SweepPl
 
     ``OptionError`` if no option or more than one has several values, or if any run would be refused.
     """
-    from kvscope.runs.setup import prepare  # here: it brings torch
+    lists = listed_options(args)
+    if not lists:
+        raise OptionError("give one option a list of values to sweep, like --block-size 8,16,32,64")
+    if len(lists) > 1:
+        raise OptionError(f"sweep one option at a time, not {' and '.join(flag for flag, _ in lists.values())}")
+    (dest, (flag, values)), = lists.items()
+    return plan_runs(RunSpec.from_args(args, cell=cell), dest, flag, values)  # dest: replaced per value
 
+
+def listed_options(args: argparse.Namespace) -> dict[str, tuple[str, Values]]:
+    """The options of ``args`` given two or more values: dest -> (flag, values). A list of one value is
+    the value: ``args`` holds it in place of the list."""
     lists = {}
     for spec in filter(sweepable, RUN_OPTIONS):
         dest = dest_of(spec)
@@ -68,30 +78,39 @@ def plan_from_args(args: argparse.Namespace, cell: str | None = None) -> SweepPl
                 setattr(args, dest, value[0])
             else:
                 lists[dest] = (spec.name, value)
-    if not lists:
-        raise OptionError("give one option a list of values to sweep, like --block-size 8,16,32,64")
-    if len(lists) > 1:
-        raise OptionError(f"sweep one option at a time, not {' and '.join(flag for flag, _ in lists.values())}")
-    (dest, (flag, values)), = lists.items()
+    return lists
+
+
+def plan_runs(base: RunSpec, dest: str, flag: str, values: Values) -> SweepPlan:
+    """A checked run per value: ``base`` with the option ``dest`` (given as ``flag``) set to it.
+    ``OptionError`` naming the value if any run would be refused."""
+    from kvscope.runs.setup import prepare  # here: it brings torch
+
     setups = []
     for value, text in zip(values, values.texts):
-        one = argparse.Namespace(**vars(args))
-        setattr(one, dest, value)
         try:
-            setups.append(prepare(one, cell))
+            setups.append(prepare(base.with_option(dest, value)))
         except OptionError as exc:
             raise OptionError(f"{flag} {text}: {exc}") from None
     labels = unique_labels([f"{flag.lstrip('-')}={t}" for t in values.texts])
-    return SweepPlan(flag, dest, list(values), labels, setups,
-                     step_delay=getattr(args, "step_delay", 0.0), profile_steps=getattr(args, "profile", 0))
+    return SweepPlan(flag, dest, list(values), labels, setups)
 
 
-class Sweep(Comparison):
-    """A sweep in progress, and the comparison of the runs finished so far (see the module docstring)."""
+class Sweep(Lifecycle, Comparison):
+    """A sweep in progress, and the comparison of the runs finished so far (see the module docstring).
+
+    Both bases, each for its own half: ``Lifecycle`` (first, so its control, ``wait`` and ``repr`` win)
+    holds no comparison state, and ``Comparison`` is what faces and widgets read (``table``, ``per_run``,
+    ``warnings``, ``save_html``) while the runs arrive; a sweep goes wherever a ``Comparison`` goes."""
+
+    noun = "sweep"
+    show = Comparison.show  # the comparison's figures (displaying the sweep itself shows it filling in)
 
     def __init__(self, plan: SweepPlan, *, dashboard: bool = False, dashboard_options: dict | None = None,
                  html: str | os.PathLike | None = None, csv: str | os.PathLike | None = None) -> None:
         # not Comparison.__init__: the runs arrive one by one
+        Lifecycle.__init__(self, SweepOutputs(html=Path(html) if html is not None else None,
+                                              csv=Path(csv) if csv is not None else None))
         self.plan = plan
         self.runs, self.labels, self.summaries = [], [], []
         self.swept = (plan.dest, [])  # the values of the finished runs
@@ -99,89 +118,88 @@ class Sweep(Comparison):
         self.errors: dict[str, BaseException] = {}  # label -> why that run failed
         self.current: LiveRun | None = None
         self.index = -1  # the run going now (0-based)
-        self.dashboard = dashboard
+        self.run_dashboards = dashboard  # each run shows its own dashboard (the sweep's view swaps them in)
         self.dashboard_options = dashboard_options
         self.listeners: list[Callable[[Sweep], None]] = []  # called on the sweep's thread as runs start and end
-        self.files = {k: Path(p) for k, p in (("html", html), ("csv", csv)) if p is not None}  # written at the end
-        self.written: dict[str, Path] = {}
-        self.file_errors: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
         self._view = None
 
-    def start(self) -> Sweep:
-        if self._thread is not None:
-            raise RuntimeError("this sweep was already started")
-        self._thread = threading.Thread(target=self._main, name="kvscope-sweep", daemon=True)
-        self._thread.start()
-        return self
+    @property
+    def written(self) -> dict[str, Path]:
+        """The files written at the end: kind ("html", "csv") -> path."""
+        return self.files.written
 
+    @property
+    def file_errors(self) -> dict[str, str]:
+        """Kind -> why that file could not be written."""
+        return self.files.errors
+
+    # ---- the sweep's thread ----------------------------------------------------------------------------
     def _main(self) -> None:
+        try:
+            super()._main()
+        finally:
+            self._changed()
+
+    def _body(self) -> None:
         from kvscope.runs.live import LiveRun
 
         plan = self.plan
-        try:
-            for i, (value, label, setup) in enumerate(zip(plan.values, plan.labels, plan.setups)):
-                if self._stop.is_set():
-                    break
-                run = LiveRun(setup.make_engine, setup.workload, step_delay=plan.step_delay,
-                              profile_steps=plan.profile_steps, dashboard=self.dashboard,
-                              dashboard_options=self.dashboard_options)
-                self.index, self.current = i, run
-                self._changed()
-                try:
-                    run.start().wait()
-                except Exception as exc:  # this value failed (a pool too small, ...); the sweep goes on
-                    self.errors[label] = exc
-                finished = run.run
-                if finished.records and label not in self.errors:
-                    self.summaries.append(finished.summary())
-                    self.runs.append(finished)
-                    self.swept[1].append(value)
-                    self.workloads.append(list(run.workload))
-                    self.labels.append(label)
-                self._changed()
-            self._write_files()
-        finally:
-            self._done.set()
+        self.status = RunStatus.RUNNING
+        for i, (value, label, setup) in enumerate(zip(plan.values, plan.labels, plan.setups)):
+            self._running.wait()  # paused between two runs
+            if self._stop.is_set():
+                break
+            run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(),  # its spec: files, pace
+                          dashboard=self.run_dashboards, dashboard_options=self.dashboard_options)
+            self.index, self.current = i, run
+            self._changed()
+            if self.paused:
+                run.pause()
+            try:
+                run.start().wait()
+            except Exception as exc:  # this value failed (a pool too small, ...); the sweep goes on
+                self.errors[label] = exc
+            finished = run.run
+            if finished.records and label not in self.errors:
+                self.summaries.append(finished.summary())
+                self.runs.append(finished)
+                self.swept[1].append(value)
+                self.workloads.append(list(run.workload))
+                self.labels.append(label)
             self._changed()
 
-    def _write_files(self) -> None:
-        writers = {"html": self.save_html, "csv": self.save_csv}
-        for kind, path in self.files.items() if self.runs else ():
-            try:
-                self.written[kind] = writers[kind](path)
-            except Exception as exc:
-                self.file_errors[kind] = f"{type(exc).__name__}: {exc}"
+    def _wind_down(self) -> None:
+        if self.runs:
+            self._write_files()
+
+    def _file_writers(self) -> dict[str, Callable[[Path], Path]]:
+        return {"html": self.save_html, "csv": self.save_csv}
 
     def _changed(self) -> None:
         for listener in list(self.listeners):
             with contextlib.suppress(Exception):  # a display problem never stops the sweep
                 listener(self)
 
+    # ---- control (the rest: ``Lifecycle``) ---------------------------------------------------------------
     def stop(self) -> None:
         """Stop the run going now (its numbers so far are kept) and start no more."""
-        self._stop.set()
+        super().stop()
         if self.current is not None:
             self.current.stop()
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
+    def pause(self) -> None:
+        """Pause the run going now, and start no other until ``resume()``."""
+        super().pause()
+        if self.current is not None:
+            self.current.pause()
 
-    def wait(self, timeout: float | None = None) -> Sweep:
-        """Block until every run is over; returns ``self``. ``KeyboardInterrupt`` stops the sweep first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not self._done.wait(0.05):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"the sweep is still going after {timeout} s (run {self.index + 1})")
-        except KeyboardInterrupt:
-            self.stop()
-            self._done.wait()
-            raise
-        return self
+    def resume(self) -> None:
+        super().resume()
+        if self.current is not None:
+            self.current.resume()
+
+    def _progress(self) -> str:
+        return f"run {self.index + 1}"
 
     @property
     def status_text(self) -> str:
@@ -206,9 +224,6 @@ class Sweep(Comparison):
         if self._view is None:
             self._view = SweepView(self)
         return self._view.box._repr_mimebundle_(include=include, exclude=exclude)
-
-    def __repr__(self) -> str:
-        return f"<Sweep {self.status_text}>"
 
 
 def default_args() -> argparse.Namespace:
@@ -237,13 +252,15 @@ def sweep(option: str, values: Sequence[Any], *, dashboard: bool = False, **opti
         return spec.type(value) if isinstance(value, str) and spec.type is not None else value
 
     args = default_args()
+    listed_options(args)  # the defaults, as single values
+    base = RunSpec.from_args(args)
     for name, value in options.items():
-        spec = spec_of(name)
-        setattr(args, dest_of(spec), read(spec, value))
-    spec = spec_of(option)
-    if not sweepable(spec):
-        raise OptionError(f"{spec.name} is a switch, not an option with a value; it cannot be swept")
-    listed_values = Values(read(spec, v) for v in values)
+        given = spec_of(name)
+        base = base.with_option(dest_of(given), read(given, value))
+    swept = spec_of(option)
+    if not sweepable(swept):
+        raise OptionError(f"{swept.name} is a switch, not an option with a value; it cannot be swept")
+    listed_values = Values(read(swept, v) for v in values)
     listed_values.texts = [str(v) for v in values]
-    setattr(args, dest_of(spec), listed_values)
-    return Sweep(plan_from_args(args), dashboard=dashboard).start().wait()
+    plan = plan_runs(base, dest_of(swept), swept.name, listed_values)
+    return Sweep(plan, dashboard=dashboard).start().wait()

@@ -18,13 +18,14 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvscope._version import __version__
-from kvscope.runs.run import Run, RunBuffer
-from kvscope.runs.status import Outputs, RunStatus, status_text
+from kvscope.runs.recording import Recording
+from kvscope.runs.run import Run, RunBuffer, WatchedRun
+from kvscope.runs.status import Outputs, RunStatus
 from kvscope.watch.metrics import ScrapeError, metrics_url, scrape
 from kvscope.watch.plugin_log import PluginLog
 from kvscope.watch.source import LOST, WatchSource
@@ -43,13 +44,15 @@ def _listed(value: str | os.PathLike | Sequence[str] | None) -> list[str]:
     return [os.fspath(v) for v in value]
 
 
-class WatchRun:
+class WatchRun(Recording):
     """A watch in progress: ``WatchRun(urls, ...).start()``; then ``wait()``, ``stop()``, ``run``,
     ``summary()``, ``engines``. ``kv_events`` (connect: vLLM binds ``tcp://*:PORT``) and ``kv_events_bind``
     (bind: vLLM connects to a concrete address) give one endpoint per URL, or, for one URL, one per
     data-parallel rank (rank r publishes on port + r); ``replay`` one replay endpoint per event endpoint.
     ``plugin_log``: the JSONL that kvscope's vLLM plugin appends to (one per URL): with it, the records are
     vLLM's own steps. ``duration``: stop after that many seconds (``None``: until ``stop()``)."""
+
+    noun = "watch"
 
     def __init__(
         self,
@@ -79,10 +82,7 @@ class WatchRun:
             raise ValueError(f"{len(self.plugin_logs)} plugin logs for {len(self.urls)} URLs: one per URL at most")
         self.topic, self.interval, self.duration = topic, float(interval), duration
         self.timeout = timeout if timeout is not None else min(max(self.interval, 1.0), 5.0)
-        self.files = outputs or Outputs()
-        self.status = RunStatus.STARTING
-        self.error: BaseException | None = None
-        self.writing_files = False
+        super().__init__(outputs or Outputs())
         self.t0_ns = time.perf_counter_ns()
         self.source = WatchSource(self.urls, t0_ns=self.t0_ns, interval_s=self.interval,
                                   plugin_records=bool(self.plugin_logs))
@@ -96,51 +96,16 @@ class WatchRun:
         self._final: Run | None = None
         self._lock = threading.Lock()  # held by the watch thread while it changes the watch's state
         self.streams = EventStreams(self.source, self._lock, self.timeout)
-        self._stop = threading.Event()
-        self._running = threading.Event()
-        self._running.set()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
         self._num_ticks = 0
+        self._ticked = False  # the watch began (every URL answered): there is something to write
         self._num_lost = 0  # servers lost (and not back) at the last tick
         self._copy: tuple[int, Run] | None = None
-        self.dashboard = None
         if dashboard:
             from kvscope.widgets.watch_dashboard import WatchDashboard
 
             self.dashboard = WatchDashboard(control=self, meta=self.meta, **(dashboard_options or {}))
 
-    # ---- control (any thread) -------------------------------------------------------------------------
-    def start(self) -> WatchRun:
-        if self._thread is not None:
-            raise RuntimeError("this watch was already started")
-        self._thread = threading.Thread(target=self._main, name="kvscope-watch", daemon=True)
-        self._thread.start()
-        if self.dashboard is not None:
-            self.dashboard.start(self._done.is_set)
-        return self
-
-    def stop(self) -> None:
-        """End the watch at the next poll (the files are still written)."""
-        self._stop.set()
-        self._running.set()
-
-    def pause(self) -> None:
-        """Stop adding intervals until ``resume()`` (events still arrive and count)."""
-        if not self.done:
-            self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
+    # ---- state (any thread; the control is ``Lifecycle``'s) ----------------------------------------
     @property
     def engines(self) -> dict[str, dict[str, Any]]:
         """Engine name ("host:port/engine") -> what the watch knows of it (url, state, pool, model)."""
@@ -149,7 +114,7 @@ class WatchRun:
     @property
     def status_text(self) -> str:
         """The status in words: "running · connection lost: 127.0.0.1:8000", "failed: WatchError: ..."."""
-        text = status_text(self.status, self.error, self.writing_files, self.files.errors)
+        text = super().status_text
         lost = [name for name, state in zip(self.source.names, self.source.server_state) if state == LOST]
         if lost and not self.done:
             text += " · connection lost: " + ", ".join(lost)
@@ -157,24 +122,6 @@ class WatchRun:
         if gaps:
             text += f" · {gaps} KV event gap{'s' if gaps > 1 else ''}"
         return text
-
-    def wait(self, timeout: float | None = None) -> WatchRun:
-        """Block until the watch is over; raises its error, ``TimeoutError``, or (after stopping the watch
-        and letting it write its files) ``KeyboardInterrupt``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not self._done.wait(0.05):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"the watch is still going after {timeout} s ({self.status_text})")
-            if self.dashboard is not None:
-                self.dashboard.join()
-        except KeyboardInterrupt:
-            self.stop()
-            self._done.wait()
-            raise
-        if self.error is not None:
-            raise self.error
-        return self
 
     # ---- results (any thread) -------------------------------------------------------------------------
     @property
@@ -186,7 +133,7 @@ class WatchRun:
             n = self._num_ticks
             if self._copy is None or self._copy[0] != n:
                 live = self._so_far.run()
-                self._copy = (n, Run(live.records, sorted(live.events, key=lambda e: e.t_ns), self._meta_copy()))
+                self._copy = (n, WatchedRun(live.records, sorted(live.events, key=lambda e: e.t_ns), self._meta_copy()))
             return self._copy[1]
 
     def _meta_copy(self) -> dict[str, Any]:
@@ -199,56 +146,28 @@ class WatchRun:
             watch[name] = copied if name == "lanes" else copied[""]
         return {**self.meta, "watch": watch}
 
-    def summary(self) -> dict[str, Any]:
-        return self.run.summary()
-
-    def save_trace(self, path: str | os.PathLike) -> Path:
-        return self.run.save_trace(path)
-
-    def save_metrics(self, path: str | os.PathLike) -> Path:
-        return self.run.save_metrics(path)
-
-    def save_html(self, path: str | os.PathLike) -> Path:
-        return self.run.save_html(path)
-
-    def save_outputs(self) -> dict[str, Path]:
-        """Write the files named in ``files`` now; returns those written (errors in ``files.errors``)."""
-        run = self.run
-        writers = {"trace": run.save_trace, "metrics": run.save_metrics, "html": run.save_html}
-        for kind, path in self.files.wanted().items():
-            try:
-                self.files.written[kind] = writers[kind](path)
-                self.files.errors.pop(kind, None)
-            except Exception as exc:
-                self.files.errors[kind] = f"{type(exc).__name__}: {exc}"
-        return dict(self.files.written)
+    def _file_writers(self) -> dict[str, Callable[[Path], Path]]:
+        run = self.run  # the three files from the same moment
+        return {"trace": run.save_trace, "metrics": run.save_metrics, "html": run.save_html}
 
     # ---- the watch thread -----------------------------------------------------------------------------
-    def _main(self) -> None:
-        ticked = False
+    def _body(self) -> None:
         try:
-            try:
-                self.streams.open(self.connect, self.bind, self.replay, self.topic)
-            except ValueError as exc:
-                raise WatchError(f"KV events: {exc}") from None
-            self._first_scrape()
-            self.streams.catch_up()
-            self.status = RunStatus.RUNNING
-            ticked = True
-            self._tick()
-            self._loop()
-            self.status = RunStatus.STOPPED if self._stop.is_set() else RunStatus.FINISHED
-        except BaseException as exc:  # reported by wait() and on the dashboard
-            self.error, self.status = exc, RunStatus.FAILED
+            self.streams.open(self.connect, self.bind, self.replay, self.topic)
+        except ValueError as exc:
+            raise WatchError(f"KV events: {exc}") from None
+        self._first_scrape()
+        self.streams.catch_up()
+        self.status = RunStatus.RUNNING
+        self._ticked = True
+        self._tick()
+        self._loop()
+
+    def _wind_down(self) -> None:
+        try:
+            self._finish()
         finally:
-            try:
-                self._finish(ticked)
-            except BaseException as exc:  # never leave wait() hanging
-                if self.error is None:
-                    self.error, self.status = exc, RunStatus.FAILED
-            finally:
-                self.streams.close()
-                self._done.set()
+            self.streams.close()
 
     def _first_scrape(self) -> None:
         """Every URL must answer once before the watch begins (one clear error otherwise)."""
@@ -313,7 +232,7 @@ class WatchRun:
                 if self.dashboard is not None:
                     self.dashboard.feed.push(item)
             self._num_ticks += 1
-        if self._num_lost > was_lost and self.files.wanted() and not final:
+        if self._num_lost > was_lost and not final:
             self._write_files()  # a server went away: the files hold everything up to now
 
     def _update_meta(self) -> None:
@@ -323,8 +242,8 @@ class WatchRun:
         self.meta["block_size"] = next((e["block_size"] for e in engines if e["block_size"]), 0)
         self.meta["num_blocks"] = sum(e["num_gpu_blocks"] or 0 for e in engines)
 
-    def _finish(self, ticked: bool) -> None:
-        if not ticked:  # nothing was watched: no files
+    def _finish(self) -> None:
+        if not self._ticked:  # nothing was watched: no files
             return
         self.streams.receive_all()  # what arrived since the last poll still counts
         self._read_plugins()
@@ -333,30 +252,11 @@ class WatchRun:
         with self._lock:
             meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
             live = self._so_far.run()
-            self._final = Run(live.records, sorted(live.events, key=lambda e: e.t_ns), meta)
-        if self.files.wanted():
-            self._write_files()
+            self._final = WatchedRun(live.records, sorted(live.events, key=lambda e: e.t_ns), meta)
+        self._write_files()
 
-    def _write_files(self) -> None:
-        self.writing_files = True
-        try:
-            self.save_outputs()
-        finally:
-            self.writing_files = False
-
-    # ---- display ----------------------------------------------------------------------------------------
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        if self.dashboard is None:
-            return {"text/plain": repr(self)}
-        return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)
-
-    def show(self) -> None:
-        from IPython.display import display
-
-        display(self)
-
-    def __repr__(self) -> str:
-        return f"<WatchRun {', '.join(self.source.names)}: {self.status_text}, {self._num_ticks} polls>"
+    def _describe(self) -> str:
+        return f"{', '.join(self.source.names)}: {self.status_text}, {self._num_ticks} polls"
 
 
 def watch(urls: str | Sequence[str], *, kv_events: str | Sequence[str] | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvscope.engine.request import SamplingParams
+from kvscope.options.values import parse_range  # also importable from here, as the benchmarks do
 
 
 @dataclass(slots=True)
@@ -34,31 +35,6 @@ class WorkItem:
     def num_prompt_tokens(self) -> int | None:
         """Known for token-id prompts; ``None`` for text until a tokenizer has seen it."""
         return None if isinstance(self.prompt, str) else len(self.prompt)
-
-
-def parse_range(text: str | int | Sequence[int], name: str = "range") -> tuple[int, int]:
-    """``"32"`` -> (32, 32); ``"16-64"`` or ``"16:64"`` -> (16, 64); ``(a, b)`` passes through checked."""
-    if isinstance(text, int):
-        lo = hi = text
-    elif isinstance(text, str):
-        parts = text.strip().replace(":", "-").split("-")
-        try:
-            values = [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(f"{name} {text!r} must be a number or LO-HI, like 32 or 16-64") from None
-        if len(values) == 1:
-            lo = hi = values[0]
-        elif len(values) == 2:
-            lo, hi = values
-        else:
-            raise ValueError(f"{name} {text!r} must be a number or LO-HI, like 32 or 16-64")
-    else:
-        lo, hi = (int(v) for v in text)
-    if lo < 1:
-        raise ValueError(f"{name} {text!r}: lengths must be at least 1")
-    if hi < lo:
-        raise ValueError(f"{name} {text!r}: the upper end {hi} is below the lower end {lo}")
-    return lo, hi
 
 
 def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **changes) -> SamplingParams:

@@ -1,7 +1,17 @@
-"""Step telemetry: records, the recorder, memory probes, torch.profiler capture and exports.
+"""Step telemetry: what a step source records, and everything read from the records afterwards.
 
-Telemetry imports nothing of the engine: a source hands the ``Recorder`` plain records
-(``BatchSummary``, ``StepTimings``, ``SchedulerStats``, block-pool events, request events).
+Telemetry imports nothing of the engine, the models or the kernels: a source hands the ``Recorder`` plain
+records (``BatchSummary``, ``StepTimings``, ``SchedulerStats``, block-pool events, request events).
+
+- ``records``: the record types (``StepRecord``, ``RequestEvent``, ...) and what a source hands in;
+- ``recorder``: the ``Recorder`` (ring buffers, subscribers, request ids, events held to a step's end);
+- ``step_record``: a step's ``StepRecord`` and ``KVState`` from the source's plain data;
+- ``pagemap``: the page map kept incrementally (``PageMapTracker``) and rebuilt at a step (``page_map_at``);
+- ``memory``: the memory readings sampled with each record (``MemoryProbe``: NVML, allocator, host RSS);
+- ``profiler``: a torch.profiler window over engine steps; ``kernel_time``: its ops by category, per step;
+- ``frames``: a run's DataFrames (per step, per request, per draft position);
+  ``run_summary``: its headline numbers;
+- ``serialize``, ``export``, ``load``: records to JSON and back, the trace and metrics files written and read.
 """
 
 from kvscope.telemetry.memory import MemoryProbe

@@ -44,6 +44,7 @@ def is_our_pid(pid: Any) -> bool:
 TRACE_FORMAT = "kvscope-trace"
 METRICS_FORMAT = "kvscope-metrics"
 FORMAT_VERSION = 1
+MAX_TEXT = 2000  # characters of each request's prompt / output kept in ``meta["texts"]`` (a cell, not an archive)
 PHASES = ("schedule", "prepare", "forward", "sample", "update")
 # An engine lane of a watched run: (process name, {counter track: [(t_ns, {series: value})]}, [(slice, t0_ns, t1_ns)])
 Lane = tuple[str, dict[str, list[tuple[int, dict[str, float]]]], list[tuple[str, int, int]]]
@@ -116,42 +117,7 @@ def build_trace(
         _meta("process_sort_index", REQUESTS_PID, 0, sort_index=1),
     ]
     for r in records:
-        ev.append(
-            {
-                "ph": "X",
-                "name": f"step {r.step}",
-                "cat": "step",
-                "pid": ENGINE_PID,
-                "tid": 1,
-                "ts": us(r.t_start_ns),
-                "dur": round(r.duration_ns / 1000, 3),
-                "args": {
-                    "prefill_tokens": r.num_prefill_tokens,
-                    "decode_tokens": r.num_decode_tokens,
-                    "running": r.num_running,
-                    "waiting": r.num_waiting,
-                    "sampled": r.num_output_tokens,
-                    **({"drafted": r.spec_decode.num_draft_tokens, "accepted": r.spec_decode.num_accepted_tokens}
-                       if r.spec_decode is not None else {}),
-                },
-            }
-        )
-        t = r.t_start_ns
-        for phase in PHASES:
-            d = getattr(r, phase + "_ns")
-            ev.append(
-                {
-                    "ph": "X",
-                    "name": phase,
-                    "cat": "phase",
-                    "pid": ENGINE_PID,
-                    "tid": 1,
-                    "ts": us(t),
-                    "dur": round(d / 1000, 3),
-                }
-            )
-            t += d
-        ev.extend(_counters(r, us(r.t_end_ns)))
+        ev.extend(_step_events(r, us))
     ev.extend(_request_lanes(records, events, us))
     ev.extend(_shift(profiler_events, t0))
     ev.extend(_lane_events(lanes, us))
@@ -166,6 +132,38 @@ def build_trace(
             "events": [event_to_dict(e) for e in events],
         },
     }
+
+
+def _step_events(r: StepRecord, us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """A step's slice on the engine's ``steps`` thread, its phases inside it, and its counters."""
+    ev: list[dict[str, Any]] = [
+        {
+            "ph": "X",
+            "name": f"step {r.step}",
+            "cat": "step",
+            "pid": ENGINE_PID,
+            "tid": 1,
+            "ts": us(r.t_start_ns),
+            "dur": round(r.duration_ns / 1000, 3),
+            "args": {
+                "prefill_tokens": r.num_prefill_tokens,
+                "decode_tokens": r.num_decode_tokens,
+                "running": r.num_running,
+                "waiting": r.num_waiting,
+                "sampled": r.num_output_tokens,
+                **({"drafted": r.spec_decode.num_draft_tokens, "accepted": r.spec_decode.num_accepted_tokens}
+                   if r.spec_decode is not None else {}),
+            },
+        }
+    ]
+    t = r.t_start_ns
+    for phase in PHASES:
+        d = getattr(r, phase + "_ns")
+        ev.append({"ph": "X", "name": phase, "cat": "phase", "pid": ENGINE_PID, "tid": 1, "ts": us(t),
+                   "dur": round(d / 1000, 3)})
+        t += d
+    ev.extend(_counters(r, us(r.t_end_ns)))
+    return ev
 
 
 def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:

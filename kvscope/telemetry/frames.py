@@ -1,4 +1,5 @@
-"""Derived metrics: the per-step and per-request DataFrames of a run, and its summary.
+"""A run's DataFrames: one row per step (``steps_frame``), per request (``requests_frame``) and per draft
+position (``spec_acceptance_by_position``); the headline numbers are ``run_summary.py``'s.
 
 Latencies follow vLLM's definitions (docs/design/metrics.md there; exact wording in
 docs/telemetry.md here). A token "arrives" at the end of the step that sampled it (``t_end_ns``), which
@@ -20,7 +21,8 @@ from kvscope.telemetry.records import PROFILE_CATEGORIES, RequestEvent, StepReco
 NS = 1e9
 
 
-def _pct(values: Sequence[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (NaN when empty)."""
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
@@ -116,7 +118,15 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
     """One row per request, in order of first appearance. Times in seconds from ``t0_ns``; NaN where
     a moment never happened (or fell out of the recorder's ring)."""
     times = token_times(records)
-    drafted: dict[str, list[int]] = {}  # request id -> [draft tokens verified, accepted]
+    drafted = _draft_counts(records)
+    rows = [_request_row(row, times.get(rid, []), drafted.get(rid, (0, 0)), t0_ns)
+            for rid, row in _request_moments(events).items()]
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+def _draft_counts(records: Sequence[StepRecord]) -> dict[str, list[int]]:
+    """request id -> [draft tokens verified, accepted] (speculative decoding)."""
+    drafted: dict[str, list[int]] = {}
     for r in records:
         if r.spec_decode is not None:
             for item in r.scheduled:
@@ -124,6 +134,12 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
                     counts = drafted.setdefault(item.request_id, [0, 0])
                     counts[0] += item.num_draft_tokens
                     counts[1] += item.num_accepted_tokens
+    return drafted
+
+
+def _request_moments(events: Sequence[RequestEvent]) -> dict[str, dict[str, Any]]:
+    """request id -> its counts and the moments of its events (``*_ns``, ``None`` if never seen), in
+    order of first appearance."""
     by_id: dict[str, dict[str, Any]] = {}
     for e in events:
         row = by_id.get(e.request_id)
@@ -156,37 +172,34 @@ def requests_frame(records: Sequence[StepRecord], events: Sequence[RequestEvent]
             row["finished_ns"] = e.t_ns
             row["finish_reason"] = e.reason
             row["error"] = e.error
-    rows = []
-    for rid, row in by_id.items():
-        q, s, f, end = (row.pop(k) for k in ("queued_ns", "scheduled_ns", "first_token_ns", "finished_ns"))
-        tt = times.get(rid, [])
-        last = tt[-1] if tt else None
-        itl = np.diff(tt) / NS if len(tt) > 1 else np.empty(0)
-        n_out = row["num_output_tokens"]
-        rows.append(
-            {
-                **row,
-                "queued_s": _rel(q, t0_ns),
-                "scheduled_s": _rel(s, t0_ns),
-                "first_token_s": _rel(f, t0_ns),
-                "finished_s": _rel(end, t0_ns),
-                "queue_s": _span(q, s),
-                "prefill_s": _span(s, f),
-                "decode_s": _span(f, last),
-                "inference_s": _span(s, last),
-                "ttft_s": _span(q, f),
-                "e2e_s": _span(q, end),
-                "tpot_s": _span(f, last) / (n_out - 1)
-                if n_out > 1 and f is not None and last is not None
-                else math.nan,
-                "itl_mean_s": float(itl.mean()) if len(itl) else math.nan,
-                "itl_p50_s": _pct(itl, 50),
-                "itl_p99_s": _pct(itl, 99),
-                "num_draft_tokens": drafted.get(rid, (0, 0))[0],
-                "num_accepted_tokens": drafted.get(rid, (0, 0))[1],
-            }
-        )
-    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return by_id
+
+
+def _request_row(row: dict[str, Any], tt: list[int], drafted: Sequence[int], t0_ns: int) -> dict[str, Any]:
+    """A request's row from its moments (``_request_moments``), token times and draft counts."""
+    q, s, f, end = (row.pop(k) for k in ("queued_ns", "scheduled_ns", "first_token_ns", "finished_ns"))
+    last = tt[-1] if tt else None
+    itl = np.diff(tt) / NS if len(tt) > 1 else np.empty(0)
+    n_out = row["num_output_tokens"]
+    return {
+        **row,
+        "queued_s": _rel(q, t0_ns),
+        "scheduled_s": _rel(s, t0_ns),
+        "first_token_s": _rel(f, t0_ns),
+        "finished_s": _rel(end, t0_ns),
+        "queue_s": _span(q, s),
+        "prefill_s": _span(s, f),
+        "decode_s": _span(f, last),
+        "inference_s": _span(s, last),
+        "ttft_s": _span(q, f),
+        "e2e_s": _span(q, end),
+        "tpot_s": _span(f, last) / (n_out - 1) if n_out > 1 and f is not None and last is not None else math.nan,
+        "itl_mean_s": float(itl.mean()) if len(itl) else math.nan,
+        "itl_p50_s": pct(itl, 50),
+        "itl_p99_s": pct(itl, 99),
+        "num_draft_tokens": drafted[0],
+        "num_accepted_tokens": drafted[1],
+    }
 
 
 REQUEST_COLUMNS = [
@@ -228,84 +241,6 @@ def all_itls(records: Sequence[StepRecord]) -> np.ndarray:
     """Every inter-token interval of every request (seconds), pooled like vLLM's ITL histogram."""
     parts = [np.diff(t) for t in token_times(records).values() if len(t) > 1]
     return np.concatenate(parts) / NS if parts else np.empty(0)
-
-
-def summary(
-    records: Sequence[StepRecord],
-    events: Sequence[RequestEvent],
-    meta: dict[str, Any],
-    requests: pd.DataFrame,
-) -> dict[str, Any]:
-    """Headline numbers of a run (definitions in docs/telemetry.md)."""
-    out: dict[str, Any] = {"requests": len(requests), "steps": len(records)}
-    out["finished"] = int(requests["finish_reason"].notna().sum()) if len(requests) else 0
-    out["errors"] = int((requests["finish_reason"] == "error").sum()) if len(requests) else 0
-    starts = [e.t_ns for e in events if e.kind == "queued"] + [r.t_start_ns for r in records[:1]]
-    ends = [r.t_end_ns for r in records[-1:]] + [e.t_ns for e in events[-1:]]
-    duration = (max(ends) - min(starts)) / NS if starts and ends else 0.0
-    out_tokens = sum(r.num_output_tokens for r in records)
-    prompt_tokens = sum(r.num_prefill_tokens for r in records)
-    step_ns = [r.duration_ns for r in records if r.scheduled or r.duration_ns]  # not state records
-    out.update(
-        duration_s=duration,
-        output_tokens=out_tokens,
-        computed_prefill_tokens=prompt_tokens,
-        output_tokens_per_s=out_tokens / duration if duration > 0 else math.nan,
-        total_tokens_per_s=(out_tokens + prompt_tokens) / duration if duration > 0 else math.nan,
-        mean_step_ms=float(np.mean(step_ns) / 1e6) if step_ns else math.nan,
-    )
-    for col, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"), ("queue_s", "queue")):
-        values = requests[col].dropna().to_numpy() if len(requests) else np.empty(0)
-        out[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
-        out[f"{name}_p50_s"], out[f"{name}_p99_s"] = _pct(values, 50), _pct(values, 99)
-    itl = all_itls(records)
-    out["itl_mean_s"] = float(itl.mean()) if len(itl) else math.nan
-    out["itl_p50_s"], out["itl_p99_s"] = _pct(itl, 50), _pct(itl, 99)
-    kvs = [r.kv for r in records]
-    used = [k.fragmentation for k in kvs if k.blocks_used > 0]
-    out.update(
-        peak_block_usage=max((k.block_usage for k in kvs), default=0.0),
-        peak_token_usage=max((k.token_usage for k in kvs), default=0.0),
-        peak_kv_bytes=max((k.paged_bytes for k in kvs), default=0),
-        peak_static_reservation_bytes=max((k.static_reservation_bytes for k in kvs), default=0),
-        mean_fragmentation=float(np.mean(used)) if used else 0.0,
-        peak_fragmentation=max(used, default=0.0),
-        preemptions=sum(r.num_preempted for r in records),
-        peak_running=max((r.num_running for r in records), default=0),
-    )
-    base_q = meta.get("prefix_cache_queries_before", 0)
-    base_h = meta.get("prefix_cache_hits_before", 0)
-    queries = kvs[-1].prefix_cache_queries - base_q if kvs else 0
-    hits = kvs[-1].prefix_cache_hits - base_h if kvs else 0
-    out.update(
-        prefix_cache_queries=queries,
-        prefix_cache_hits=hits,
-        prefix_cache_hit_rate=hits / queries if queries else math.nan,
-        # blocks given back while their requests ran, for leaving every reading layer's sliding window
-        window_freed_blocks=(kvs[-1].num_window_freed_blocks - meta.get("window_freed_blocks_before", 0)) if kvs else 0,
-    )
-    out.update(spec_summary(records))
-    return out
-
-
-def spec_summary(records: Sequence[StepRecord]) -> dict[str, Any]:
-    """Speculative decoding over the run, vLLM's definitions: ``spec_acceptance_rate`` = accepted /
-    draft tokens; ``spec_mean_acceptance_length`` = 1 + accepted / drafts (tokens a request gets per
-    verification step, the bonus token included). NaN when nothing was drafted."""
-    drafts = draft_tokens = accepted = 0
-    for r in records:
-        spec = r.spec_decode
-        if spec is not None:
-            drafts += spec.num_drafts
-            draft_tokens += spec.num_draft_tokens
-            accepted += spec.num_accepted_tokens
-    return {
-        "spec_num_drafts": drafts,
-        "spec_num_draft_tokens": draft_tokens,
-        "spec_num_accepted_tokens": accepted,
-        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else math.nan,
-        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
-    }
 
 
 def spec_acceptance_by_position(records: Sequence[StepRecord]) -> pd.DataFrame:

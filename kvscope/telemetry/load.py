@@ -115,7 +115,8 @@ def _check_size(path: Path) -> None:
         return
     if size * MEMORY_PER_BYTE < 1 << 30:  # small: no need to ask the system
         return
-    from kvscope.utils.host import available_memory, fmt_bytes
+    from kvscope.utils.host import available_memory
+    from kvscope.utils.units import fmt_bytes
 
     available = available_memory()
     if size * MEMORY_PER_BYTE > available.bytes:
@@ -162,7 +163,7 @@ def _checked_meta(meta: Any) -> dict[str, Any]:
     if texts is not None and not (
         isinstance(texts, dict)
         and all(isinstance(t, dict) and all(v is None or isinstance(v, str) for v in t.values())
-                for t in texts.values())  # None: a token-id prompt (live.py writes it so)
+                for t in texts.values())  # None: a token-id prompt (kvscope/runs/live.py writes it so)
     ):
         raise TypeError("meta texts should map request ids to {prompt, output} strings")
     return meta

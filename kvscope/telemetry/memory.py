@@ -1,4 +1,5 @@
-"""Memory probes: device memory through NVML, the torch CUDA allocator, the KV pool, weights, host RSS.
+"""Memory readings (``MemoryProbe``): device memory through NVML, the torch CUDA allocator, the KV pool,
+weights, host RSS.
 
 ``MemoryProbe.sample()`` returns a dict with these keys (bytes unless named otherwise):
 

@@ -19,10 +19,7 @@ attention backend's calls (``wrap_backend(wrap)`` calls ``wrap(kind, fn)`` for e
 ``kind`` being ``"store_kv"`` or ``"paged_attention"``, and returns the function that undoes it).
 ``Engine.profile`` passes its own. While capturing, the phases run inside
 ``record_function("kvscope.<phase>")`` ranges, and the attention kernels inside ``kvscope.store_kv`` /
-``kvscope.paged_attention``. Categories: ops under ``kvscope.sample`` are *sampling*, under
-``kvscope.store_kv`` *store_kv*, under ``kvscope.paged_attention`` (or named like attention) *attention*,
-matrix products *matmul*, everything else *other*. On the CPU the time is the ops' self CPU time; on
-CUDA it is the device time of the kernels each op launched.
+``kvscope.paged_attention``; ``kernel_time.py`` sorts the ops by category and sums them per step.
 
 Kineto stamps events in Unix-epoch nanoseconds (``ts`` microseconds after ``baseTimeNanoseconds`` in
 its JSON); ours are ``perf_counter_ns``. The offset is measured from the phase ranges themselves
@@ -43,51 +40,13 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from kvscope.telemetry.kernel_time import time_by_category
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import NULL_MARKS, PROFILE_CATEGORIES, NullMarks, PhaseMarks, StepRecord
+from kvscope.telemetry.records import NULL_MARKS, NullMarks, PhaseMarks, StepRecord
 
-__all__ = ["NULL_MARKS", "NullMarks", "Profiler", "categorize"]
+__all__ = ["NULL_MARKS", "NullMarks", "Profiler"]
 
 Wrap = Callable[[str, Callable], Callable]  # (kind, backend function) -> the function to call instead
-
-MATMUL_OPS = frozenset(
-    {
-        "aten::mm",
-        "aten::addmm",
-        "aten::bmm",
-        "aten::baddbmm",
-        "aten::matmul",
-        "aten::mv",
-        "aten::addmv",
-        "aten::_addmm_activation",
-        "aten::linear",
-        "aten::dot",
-        "mkldnn::_linear_pointwise",  # the oneDNN GEMMs of kvscope/fusion.py
-    }
-)
-ATTENTION_WORDS = ("attention", "flash", "sdpa", "fmha")
-MATMUL_WORDS = ("gemm", "gemv", "matmul", "cublas", "cutlass", "xmma", "sm80_", "sm90_")
-RANGE_CATEGORY = {
-    "kvscope.sample": "sampling",
-    "kvscope.store_kv": "store_kv",
-    "kvscope.paged_attention": "attention",
-}
-
-
-def categorize(name: str, ranges: tuple[str, ...]) -> str:
-    """Category of an op (or kernel) ``name`` nested in the ``kvscope.*`` ``ranges`` (outermost first)."""
-    for r in reversed(ranges):
-        if r in RANGE_CATEGORY:
-            return RANGE_CATEGORY[r]
-    low = name.lower()
-    if "store_kv" in low or name == "aten::index_copy_":
-        return "store_kv"
-    if any(w in low for w in ATTENTION_WORDS):
-        return "attention"
-    if name in MATMUL_OPS or any(w in low for w in MATMUL_WORDS):
-        return "matmul"
-    return "other"
-
 
 class Profiler:
     """One profiling window over the next engine steps (see the module doc)."""
@@ -210,7 +169,7 @@ class Profiler:
 
     def _ready(self, prof: profile) -> None:
         steps = self._active_steps()
-        per_step = self._summarise(prof, steps)
+        per_step = time_by_category(prof, steps, self.cuda)
         self.summaries.update(per_step)
         for step, summary in per_step.items():
             self.recorder.attach_profile(step, summary)
@@ -227,33 +186,6 @@ class Profiler:
             item.profile = self.summaries[item.step]
         if self.done:
             self._detach()
-
-    def _summarise(self, prof: profile, steps: list[int]) -> dict[int, dict[str, int]]:
-        """Kernel time by category per active step; ``ProfilerStep*`` ranges in time order are the steps."""
-        sums: dict[int, dict[str, float]] = {}
-        roots = sorted(
-            (e for e in prof.events() if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start
-        )
-        for root, step in zip(roots, steps):
-            acc = sums[step] = dict.fromkeys(PROFILE_CATEGORIES, 0.0)
-            stack = [(child, ()) for child in root.cpu_children]
-            while stack:
-                ev, ranges = stack.pop()
-                if ev.is_user_annotation:
-                    ranges = (*ranges, ev.name)
-                elif self.cuda:  # device time of the kernels this op launched
-                    by_op = categorize(ev.name, ranges)
-                    for k in ev.kernels:
-                        acc[by_op if by_op != "other" else categorize(k.name, ranges)] += k.duration
-                else:
-                    acc[categorize(ev.name, ranges)] += ev.self_cpu_time_total
-                stack.extend((child, ranges) for child in ev.cpu_children)
-        out = {}
-        for step, acc in sums.items():
-            ns = {k: round(v * 1000) for k, v in acc.items()}  # torch reports microseconds
-            ns["total"] = sum(ns.values())
-            out[step] = ns
-        return out
 
     def _kineto_events(self, prof: profile) -> list[dict[str, Any]]:
         """Kineto's Chrome-trace events with ``ts`` moved to perf_counter microseconds."""

@@ -32,14 +32,8 @@ from typing import Any
 
 from kvscope.telemetry.memory import MemoryProbe
 from kvscope.telemetry.pagemap import PageMapTracker
-from kvscope.telemetry.records import (
-    BatchSummary,
-    KVState,
-    RequestEvent,
-    SchedulerStats,
-    StepRecord,
-    StepTimings,
-)
+from kvscope.telemetry.records import BatchSummary, RequestEvent, SchedulerStats, StepRecord, StepTimings
+from kvscope.telemetry.step_record import kv_state, step_record
 
 Subscriber = Callable[[StepRecord | RequestEvent], None]
 _STEP_CAUSED = ("stop", "length")
@@ -161,10 +155,6 @@ class Recorder:
         if kind == "finished" and not held:  # a held finish keeps its name until the step's record
             self._renamed.pop(request_id, None)
 
-    def recorded_id(self, request_id: str) -> str:
-        """The id an unfinished request of the source is recorded under (its own unless reused)."""
-        return self._renamed.get(request_id, request_id)
-
     def _queue_id(self, request_id: str) -> str:
         """The recorded id of a request just queued: its own, or the first free ``id#N``."""
         recorded = self._recorded
@@ -275,41 +265,10 @@ class Recorder:
         self._pending.clear()
 
     def _make_record(self, batch: BatchSummary, t: StepTimings, stats: SchedulerStats) -> StepRecord:
-        prefill_seqs = prefill_tokens = decode_seqs = decode_tokens = num_sampled = 0
-        for item in batch.scheduled:  # the batch's composition
-            if item.kind == "decode":
-                decode_seqs += 1
-                decode_tokens += item.num_tokens
-            else:
-                prefill_seqs += 1
-                prefill_tokens += item.num_tokens
-            num_sampled += item.sampled + item.num_accepted_tokens  # drafts accepted: more tokens
         page_map, full = self.pages.update(batch.scheduled, batch.block_tables)
-        return StepRecord(
-            step=batch.step,
-            t_start_ns=t.start_ns,
-            t_end_ns=t.end_ns,
-            schedule_ns=t.scheduled_ns - t.start_ns,
-            prepare_ns=t.prepared_ns - t.scheduled_ns,
-            forward_ns=t.forwarded_ns - t.prepared_ns,
-            sample_ns=t.sampled_ns - t.forwarded_ns,
-            update_ns=t.end_ns - t.sampled_ns,
-            num_prefill_seqs=prefill_seqs,
-            num_prefill_tokens=prefill_tokens,
-            num_decode_seqs=decode_seqs,
-            num_decode_tokens=decode_tokens,
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            num_preempted=len(batch.preempted),
-            num_finished=batch.num_finished,
-            num_output_tokens=num_sampled,
-            scheduled=batch.scheduled,
-            kv=self.kv_state(stats),
-            page_map=page_map,
-            page_map_full=full,
-            memory=self.memory.sample(t.end_ns) if self.memory is not None else {},
-            spec_decode=batch.spec_decode,
-        )
+        kv = kv_state(stats, self.block_size, self.kv_bytes_per_block, self.static_bytes_per_request)
+        memory = self.memory.sample(t.end_ns) if self.memory is not None else {}
+        return step_record(batch, t, stats, kv, page_map, full, memory)
 
     def attach_profile(self, step: int, summary: dict[str, int]) -> None:
         """Set ``profile`` on the record of ``step`` (if the ring still has it)."""
@@ -319,27 +278,6 @@ class Recorder:
                 return
             if record.step < step:
                 return
-
-    def kv_state(self, stats: SchedulerStats) -> KVState:
-        """The ``KVState`` of a step from its counters and the run's constants (docs/telemetry.md)."""
-        bs, num_blocks, used, stored = self.block_size, stats.num_blocks, stats.blocks_used, stats.tokens_stored
-        slots_used = used * bs
-        return KVState(
-            num_blocks=num_blocks,
-            block_size=bs,
-            blocks_used=used,
-            blocks_cached_free=stats.blocks_cached_free,
-            tokens_stored=stored,
-            block_usage=used / num_blocks,
-            token_usage=stored / (num_blocks * bs),
-            fragmentation=1.0 - stored / slots_used if slots_used else 0.0,
-            static_reservation_bytes=stats.num_running * self.static_bytes_per_request,
-            paged_bytes=used * self.kv_bytes_per_block,
-            prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits,
-            num_evictions=stats.num_evictions,
-            num_window_freed_blocks=stats.num_window_freed_blocks,
-        )
 
 
 def _copy(ring: deque) -> list:

@@ -171,7 +171,7 @@ class StepRecord:
     # ``page_map_full`` is set it holds every block instead (a snapshot; see docs/telemetry.md).
     page_map: dict[int, PageEntry] = field(default_factory=dict)
     page_map_full: bool = False
-    # Memory probes (see telemetry/probes.py): keys that could not be read are absent, never 0.
+    # Memory readings (see telemetry/memory.py): keys that could not be read are absent, never 0.
     memory: dict[str, int | float] = field(default_factory=dict)
     # Kernel time by category (ns, PROFILE_CATEGORIES + "total") when the step was profiled; filled
     # in place when the profiling window closes.

@@ -1,5 +1,6 @@
 """Writing files safely: ``atomic_write`` (readers never see half a file), ``unwritable`` (why a path could
-not be written, asked before a long run rather than after it) and ``check_outputs`` (no output is an input,
+not be written, asked before a long run rather than after it), ``check_output_path`` (the one check of a
+path a command will write: every face and option uses it) and ``check_outputs`` (no output is an input,
 another output, a folder or a device).
 
 Standard library only, so a face (the CLI, the magic) can check its paths without importing torch.
@@ -163,3 +164,29 @@ def check_outputs(inputs: Paths, outputs: Paths) -> None:
             if same_file(path, other):
                 raise OutputPathError(f"{other_label} {str(other)!r} and {label} {str(path)!r} are the same file; "
                                       "one would overwrite the other: give each output its own path")
+
+
+def check_output_path(text: str | os.PathLike, *, kind: str = "", label: str = "", flag: str = "",
+                      shown: str | None = None) -> Path:
+    """The path (``~`` expanded) of a file a command will write, refused before any work (``OutputPathError``,
+    one line) if it is a folder, a device or a FIFO, if its folder does not exist, or if no file can be
+    created there. How the messages name it: ``kind`` ("trace": "the trace path 'x'" / "the trace file 'x'"),
+    else ``label`` ("-o": "-o 'x'"), else the path alone; ``shown`` the path as written (default its repr);
+    ``flag`` the option to change in the fix ("choose another -o path"; without it, "choose another folder")."""
+    path = Path(text).expanduser()
+    shown = shown or repr(str(text))
+    named = f"the {kind} path {shown}" if kind else f"{label} {shown}" if label else shown
+    what = not_a_file(path)
+    if what == "a folder":
+        raise OutputPathError(f"{named} is a folder; give a file name" + (f" for {flag}" if flag else ""))
+    if what is not None:
+        fix = f"choose another {flag} path" if flag else "give a file name (kvscope writes only regular files)"
+        raise OutputPathError(f"{named} is {what}, not a regular file; {fix}")
+    if not path.parent.is_dir():
+        raise OutputPathError(f"the folder of {shown} does not exist"
+                              + (f"; create it or choose another {flag} path" if flag else ""))
+    why = unwritable(path)
+    if why is not None:
+        filed = f"the {kind} file {shown}" if kind else named
+        raise OutputPathError(f"cannot write {filed} ({why}); choose another {f'{flag} path' if flag else 'folder'}")
+    return path

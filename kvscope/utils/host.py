@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.planning.planner import fmt_bytes
+from kvscope.utils.units import fmt_bytes
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KV_SHARE = 0.9  # of the available memory a CPU KV cache may take: the rest is for activations and the rest

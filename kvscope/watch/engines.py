@@ -87,3 +87,41 @@ class EngineState:
         for name, h in now.items():
             out[name] = _hist_add(self.hist_done.get(name), h.minus(self.hist_base.get(name)))
         return out
+
+    def totals_json(self) -> dict[str, Any]:
+        """Counters since the watch began, by lane name (``meta["watch"]["totals"][engine]``), with the
+        finishes by reason and the plugin's totals."""
+        t: dict[str, Any] = {name: count(self.totals.get(counter)) for name, counter in COUNTER_OF.items()}
+        if COUNTER_OF["computed_prompt_tokens"] not in self.totals:  # an older vLLM: prompt less cache hits
+            t["computed_prompt_tokens"] = max(t["prompt_tokens"] - t["prefix_hits"], 0)
+        t["finished_by_reason"] = {
+            k.split("=", 1)[1].rstrip("}"): count(v) for k, v in self.totals.items()
+            if k.startswith("vllm:request_success_total{")}
+        if self.plugin_totals:
+            t["plugin"] = {k: count(v) for k, v in self.plugin_totals.items()}
+        return t
+
+    def histograms_json(self) -> dict[str, dict[str, Any]]:
+        """The latency histograms since the watch began, by short name (``ttft``, ``itl``, ...), as JSON."""
+        hists = self.histograms()
+        return {short: hist_json(h) for short, name in HIST_NAMES.items() if (h := hists.get(name)) is not None}
+
+    def lane_row(self, pending: dict[str, float]) -> dict[str, Any]:
+        """This interval's row of the engine's lane (``LANE_COLUMNS``; ``None`` where not known), from its
+        last sample, its counter deltas since the last tick (``pending``, by vLLM counter) and its KV events."""
+        row: dict[str, Any] = dict.fromkeys(LANE_COLUMNS)
+        row["connected"] = self.connected
+        if self.connected and self.last is not None:
+            g = self.last.gauges
+            row["running"] = g.get("vllm:num_requests_running")
+            row["waiting"] = g.get("vllm:num_requests_waiting")
+            row["kv_usage"] = g.get("vllm:kv_cache_usage_perc")
+            for name in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "preemptions",
+                         "finished"):
+                row[name] = count(pending.get(COUNTER_OF[name], 0.0))
+        if self.has_events:
+            counts = self.residency.take_interval()
+            row["blocks_stored"] = counts.stored
+            row["blocks_evicted"] = counts.removed + counts.cleared
+            row["blocks_resident"] = self.residency.num_resident
+        return row

@@ -30,10 +30,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
+from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.watch.engines import (
     COUNTER_OF,
-    HIST_NAMES,
     LANE_COLUMNS,
     LOST,
     OK,
@@ -42,10 +41,10 @@ from kvscope.watch.engines import (
     EngineState,
     count,
     finite,
-    hist_json,
     server_name,
 )
 from kvscope.watch.events import EventBatch
+from kvscope.watch.fleet import fleet_kv, fleet_queues, interval_record
 from kvscope.watch.metrics import MetricsSample, interval, restarted
 from kvscope.watch.plugin_steps import finished_of, note_step, request_events, step_record
 
@@ -59,6 +58,8 @@ class WatchSource:
     ``RequestEvent``s. Without plugin records (``plugin_records=False``) each tick makes one record of the
     fleet's state (zero duration: an interval is no step); with them, each engine step the plugin reported
     is a record (its batch, and the fleet's state after it) and each finished request a lane of events.
+    The fleet's queues, KV pool and interval records are ``fleet.py``'s; an engine's lane row and totals
+    are its ``EngineState``'s.
 
     ``watch`` is the JSON-ready description of the watch (``meta["watch"]`` of the run, the shape read by
     ``summary.py`` and the widgets): lanes grow in place (the ``t_ns`` column last), everything else is
@@ -187,56 +188,11 @@ class WatchSource:
             note_step(eng, obj)
             if self.plugin_records:
                 t_ns = self.unix_to_ns(t)
-                self._new_records.append(step_record(obj, t_ns, *self._fleet_queues(), self._fleet_kv()))
+                queues = fleet_queues(self.engines.values(), self.plugin_records)
+                kv = fleet_kv(self.engines.values(), self.plugin_records)
+                self._new_records.append(step_record(obj, t_ns, *queues, kv))
                 for f in finished_of(obj):
                     self._new_events.extend(request_events(f, t_ns, f"{eng.key}#{len(self._new_events)}"))
-
-    # ---- the fleet ---------------------------------------------------------------------------------------
-    def _usage(self, eng: EngineState) -> float | None:
-        if self.plugin_records and "kv_cache_usage" in eng.plugin:
-            return eng.plugin["kv_cache_usage"]
-        if eng.connected and eng.last is not None:
-            return eng.last.gauges.get("vllm:kv_cache_usage_perc")
-        return None
-
-    def _fleet_queues(self) -> tuple[int, int]:
-        running = waiting = 0
-        for eng in self.engines.values():
-            if self.plugin_records and "num_running_reqs" in eng.plugin:
-                running += count(eng.plugin["num_running_reqs"])
-                waiting += count(eng.plugin.get("num_waiting_reqs"))
-            elif eng.connected and eng.last is not None:
-                running += count(eng.last.gauges.get("vllm:num_requests_running"))
-                waiting += count(eng.last.gauges.get("vllm:num_requests_waiting"))
-        return running, waiting
-
-    def _fleet_kv(self) -> KVState:
-        """The fleet's KV pool: blocks used from each engine's usage x its pool; no token-level fill
-        (``tokens_stored`` is the upper bound ``blocks_used x block_size``, fragmentation unknown: 0 here,
-        NaN in the summary), no bytes."""
-        num_blocks = used = 0
-        usages = []
-        block_size = 0
-        for eng in self.engines.values():
-            usage = self._usage(eng)
-            if usage is None:
-                continue
-            usages.append(usage)
-            if eng.num_gpu_blocks:
-                num_blocks += eng.num_gpu_blocks
-                used += round(usage * eng.num_gpu_blocks)
-            block_size = block_size or (eng.block_size or 0)
-        block_usage = used / num_blocks if num_blocks else (sum(usages) / len(usages) if usages else 0.0)
-        source = "plugin_totals" if self.plugin_records else "totals"
-        queries = sum(count(getattr(e, source).get("prefix_cache_queries" if self.plugin_records
-                                                  else COUNTER_OF["prefix_queries"])) for e in self.engines.values())
-        hits = sum(count(getattr(e, source).get("prefix_cache_hits" if self.plugin_records
-                                               else COUNTER_OF["prefix_hits"])) for e in self.engines.values())
-        evicted = sum(e.residency.num_removed + e.residency.num_removed_unseen for e in self.engines.values())
-        return KVState(num_blocks=num_blocks, block_size=block_size, blocks_used=used, blocks_cached_free=0,
-                       tokens_stored=used * block_size, block_usage=block_usage, token_usage=block_usage,
-                       fragmentation=0.0, static_reservation_bytes=0, paged_bytes=0, prefix_cache_queries=queries,
-                       prefix_cache_hits=hits, num_evictions=evicted)
 
     # ---- ticks -------------------------------------------------------------------------------------------
     def tick(self, t_ns: int, *, layout: bool = False, force: bool = True) -> tuple[list[StepRecord], list[RequestEvent]]:
@@ -247,7 +203,7 @@ class WatchSource:
         sums = dict.fromkeys(COUNTER_OF, 0.0)
         any_connected = False
         for eng in self.engines.values():
-            row = self._lane_row(eng)
+            row = eng.lane_row(self._pending.get(eng.key, {}))
             lane = self.watch["lanes"][eng.key]
             for name in LANE_COLUMNS:
                 lane[name].append(row[name])
@@ -260,21 +216,16 @@ class WatchSource:
                 sums[name] += self._pending_value(eng, name)
             self._pending.pop(eng.key, None)
         fleet["connected"] = any_connected
-        kv = self._fleet_kv()
+        kv = fleet_kv(self.engines.values(), self.plugin_records)
         fleet["kv_usage"] = kv.block_usage if any_connected else None
         for name in LANE_COLUMNS:
             self.watch["fleet"][name].append(fleet[name])
         self.watch["fleet"]["t_ns"].append(t_ns)
         if not self.plugin_records and any_connected:
-            running, waiting = self._fleet_queues()
             computed = sums["computed_prompt_tokens"] if self._has_by_source() else \
                 max(sums["prompt_tokens"] - sums["prefix_hits"], 0.0)
-            self._new_records.append(StepRecord(
-                step=-1, t_start_ns=t_ns, t_end_ns=t_ns, schedule_ns=0, prepare_ns=0, forward_ns=0, sample_ns=0,
-                update_ns=0, num_prefill_seqs=0, num_prefill_tokens=count(computed), num_decode_seqs=0,
-                num_decode_tokens=count(sums["generation_tokens"]), num_running=running, num_waiting=waiting,
-                num_preempted=count(sums["preemptions"]), num_finished=count(sums["finished"]),
-                num_output_tokens=count(sums["generation_tokens"]), scheduled=[], kv=kv))
+            self._new_records.append(interval_record(t_ns, sums, computed, fleet_queues(self.engines.values(), False),
+                                                     kv))
         records = sorted(self._new_records, key=lambda r: r.t_end_ns)
         events = sorted(self._new_events, key=lambda e: e.t_ns)
         self._new_records, self._new_events = [], []
@@ -292,24 +243,6 @@ class WatchSource:
     def _has_by_source(self) -> bool:
         return any(COUNTER_OF["computed_prompt_tokens"] in (e.last.counters if e.last else {})
                    for e in self.engines.values())
-
-    def _lane_row(self, eng: EngineState) -> dict[str, Any]:
-        row: dict[str, Any] = dict.fromkeys(LANE_COLUMNS)
-        row["connected"] = eng.connected
-        if eng.connected and eng.last is not None:
-            g = eng.last.gauges
-            row["running"] = g.get("vllm:num_requests_running")
-            row["waiting"] = g.get("vllm:num_requests_waiting")
-            row["kv_usage"] = g.get("vllm:kv_cache_usage_perc")
-            for name in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "preemptions",
-                         "finished"):
-                row[name] = count(self._pending_value(eng, name))
-        if eng.has_events:
-            counts = eng.residency.take_interval()
-            row["blocks_stored"] = counts.stored
-            row["blocks_evicted"] = counts.removed + counts.cleared
-            row["blocks_resident"] = eng.residency.num_resident
-        return row
 
     def _residency_entry(self, eng: EngineState, layout: bool, force: bool) -> dict[str, Any]:
         """The engine's residency: counts always fresh; the tree's shape (which walks every cached block)
@@ -339,17 +272,8 @@ class WatchSource:
                 "block_size": eng.block_size, "num_gpu_blocks": eng.num_gpu_blocks, "events": eng.has_events,
                 "plugin": bool(eng.plugin_totals),
             }
-            t = {name: count(eng.totals.get(counter)) for name, counter in COUNTER_OF.items()}
-            if COUNTER_OF["computed_prompt_tokens"] not in eng.totals:  # an older vLLM: prompt less cache hits
-                t["computed_prompt_tokens"] = max(t["prompt_tokens"] - t["prefix_hits"], 0)
-            t["finished_by_reason"] = {
-                k.split("=", 1)[1].rstrip("}"): count(v) for k, v in eng.totals.items()
-                if k.startswith("vllm:request_success_total{")}
-            if eng.plugin_totals:
-                t["plugin"] = {k: count(v) for k, v in eng.plugin_totals.items()}
-            totals[key] = t
-            hists[key] = {short: hist_json(h) for short, name in HIST_NAMES.items()
-                          if (h := eng.histograms().get(name)) is not None}
+            totals[key] = eng.totals_json()
+            hists[key] = eng.histograms_json()
             if eng.has_events:
                 residency[key] = self._residency_entry(eng, layout, force)
         w["engines"], w["totals"], w["histograms"], w["residency"] = engines, totals, hists, residency

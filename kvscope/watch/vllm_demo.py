@@ -26,7 +26,7 @@ from typing import Any
 
 VLLM_VERSION = "0.32.0"
 PREPARE = ".ci/vllm-env"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # kvscope/watch/vllm_demo.py -> the repository
 # The tiny Llama the demo serves: head size 64 (vLLM's CPU attention refuses 16), 2 layers, fp32.
 TINY_LLAMA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=64)

@@ -145,8 +145,8 @@ def test_a_kvscope_trace_opens_in_the_local_ui_offline(run_files, chromium):
 def test_view_perfetto_serves_until_interrupted(run_files, monkeypatch, capsys):
     import argparse
 
-    from kvscope.cli.compare import add_perfetto_options, cmd_view_perfetto
     from kvscope.cli.parser import CLIError
+    from kvscope.cli.view import add_perfetto_options, cmd_view_perfetto
 
     parser = argparse.ArgumentParser()
     parser.add_argument("trace")
@@ -158,7 +158,7 @@ def test_view_perfetto_serves_until_interrupted(run_files, monkeypatch, capsys):
         served.append(_get(url.split("#", 1)[0])[0])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("kvscope.cli.compare.time.sleep", sleep)
+    monkeypatch.setattr("kvscope.cli.view.time.sleep", sleep)
     monkeypatch.setattr("webbrowser.open", opened.append)
     trace, metrics = run_files
     assert cmd_view_perfetto(parser.parse_args([str(metrics), "--perfetto"])) == 0

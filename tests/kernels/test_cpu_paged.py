@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kvscope import Engine, SamplingParams
 from kvscope.models.loader import TINY_ARCHS, build_tiny_model
-from kvscope.telemetry.profiler import categorize
+from kvscope.telemetry.kernel_time import categorize
 
 # Where it cannot build (no C++ compiler / ninja) these tests skip, saying so; under CI (which has both)
 # a failed build fails them.

@@ -1,4 +1,4 @@
-"""The capacity planner's arithmetic (kvscope/plan.py), checked against hand calculations and the engine."""
+"""The capacity planner's arithmetic (kvscope/planning/planner.py), checked against hand calculations and the engine."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-from kvscope.engine.config import GiB, ModelSpec, parse_bytes
+from kvscope.engine.config import ModelSpec
 from kvscope.planning.planner import (
     KNOWN_MODELS,
     ModelShape,
-    fmt_bytes,
     known_shape,
     make_plan,
     render,
     shape_from_config,
 )
+from kvscope.utils.units import GiB, fmt_bytes, parse_bytes
 
 LLAMA7B = ModelShape("llama-7b-shaped", num_layers=32, num_kv_heads=32, head_dim=128)
 
@@ -70,13 +70,25 @@ def test_weights_from_known_params():
     assert "params" in p.weights_source
 
 
+def _spec_from_config(config, dtype) -> ModelSpec:
+    """A ``ModelSpec`` read from a transformers config's attribute names (every layer alike)."""
+    num_heads = config.num_attention_heads
+    return ModelSpec(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+        num_heads=num_heads,
+        dtype=dtype,
+    )
+
+
 def test_planner_matches_engine_spec_for_embedded_models():
     """The known shape of 'tiny' and 'smollm2' gives the engine's own bytes per token (fp32 on the CPU)."""
     import torch
 
     from kvscope.models.loader import tiny_config
 
-    spec = ModelSpec.from_hf_config(tiny_config(), dtype=torch.float32)
+    spec = _spec_from_config(tiny_config(), torch.float32)
     assert make_plan(known_shape("tiny"), dtype="fp32").kv_bytes_per_token == spec.kv_bytes_per_token
     smol = known_shape("smollm2")
     assert (smol.num_layers, smol.num_kv_heads, smol.head_dim) == (30, 3, 64)

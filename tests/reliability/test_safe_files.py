@@ -24,15 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("kvscope", "widgets", "kernels")
 # Writes that may bypass atomic_write, and why: (file, enclosing function) -> reason
 ALLOWED = {
-    ("kvscope/files.py", "atomic_write"): "the atomic write itself",
-    ("kvscope/files.py", "_create_temp"): "atomic_write's temp file (and unwritable's probe, removed at once)",
+    ("kvscope/utils/files.py", "atomic_write"): "the atomic write itself",
+    ("kvscope/utils/files.py", "_create_temp"): "atomic_write's temp file (and unwritable's probe, removed at once)",
     ("kvscope/telemetry/profiler.py", "_kineto_events"): "torch's own trace, to a private temp file, removed",
-    ("kvscope/cli.py", "main"): "stdout onto /dev/null when a pipe reader left",
-    ("kvscope/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
+    ("kvscope/cli/main.py", "main"): "stdout onto /dev/null when a pipe reader left",
+    ("kvscope/runs/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
     ("kvscope/watch/plugin.py", "__init__"): "the plugin's step log: O_APPEND lines that a watcher tails as "
                                              "they come (a log, never rewritten, so nothing to replace atomically)",
-    ("kvscope/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",
-    ("kvscope/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
+    ("kvscope/watch/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",
+    ("kvscope/watch/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
 }
 PATH_WRITERS = {"write_text", "write_bytes", "mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile",
                 "export_chrome_trace", "copyfile", "copy2", "copytree", "move"}

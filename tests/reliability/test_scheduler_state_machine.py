@@ -130,7 +130,6 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, data):
         rid = data.draw(st.sampled_from(sorted(self.live)))
         self.sched.finish(self.live.pop(rid), RequestStatus.FINISHED_ABORTED)
-        self.sched.drop_finished_running()
 
     @precondition(lambda self: self.sched.running)
     @rule(data=st.data())
@@ -149,7 +148,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         for r in out.requests:
             self.sched.finish(r, RequestStatus.FINISHED_ERROR, "boom")
             self.live.pop(r.request_id)
-        self.sched.drop_finished_running()
 
     # ---- invariants ------------------------------------------------------------------------------
     @invariant()
@@ -218,7 +216,6 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for r in list(self.live.values()):
             self.sched.finish(r, RequestStatus.FINISHED_ABORTED)
-        self.sched.drop_finished_running()
         assert self.pool.num_free_blocks == self.pool.num_blocks  # nothing leaked
         assert all(b.ref_cnt == 0 for b in self.pool.blocks)
         assert all(n == 0 for n in self.pool.used_per_group.values())

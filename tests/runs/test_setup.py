@@ -9,13 +9,14 @@ from kvscope.cli.main import build_parser as build_cli_parser
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.options.run import OptionError
 from kvscope.runs.setup import prepare
+from kvscope.runs.spec import RunSpec
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)
 
 
-def parse(line: str):
-    return build_cli_parser().commands["run"].parse_args(line.split())
+def parse(line: str) -> RunSpec:
+    return RunSpec.from_args(build_cli_parser().commands["run"].parse_args(line.split()))
 
 
 def test_speculative_option_becomes_the_engine_config():

@@ -9,8 +9,8 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from kvscope.cli.compare import add_sweep_parser, cmd_sweep
 from kvscope.cli.parser import CLIError, Parser
+from kvscope.cli.sweep import add_sweep_parser, cmd_sweep
 from kvscope.magic.sweep import magic_sweep
 from kvscope.options.run import CLI, OptionError, OptionParser
 from kvscope.options.sweep import add_sweep_options

@@ -11,7 +11,8 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from kvscope import Run
-from kvscope.telemetry.profiler import MATMUL_OPS, NULL_MARKS, categorize
+from kvscope.telemetry.kernel_time import MATMUL_OPS, categorize
+from kvscope.telemetry.profiler import NULL_MARKS
 from kvscope.telemetry.records import PROFILE_CATEGORIES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")

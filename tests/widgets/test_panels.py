@@ -176,12 +176,12 @@ def test_a_large_pool_is_drawn_in_runs_of_blocks(finished_run):
 
 def test_the_registry_builds_every_panel_once_in_the_layout_order():
     from kvscope.widgets.panels import PANELS
-    from kvscope.widgets.view import ROWS
+    from kvscope.widgets.panels.registry import ROWS
 
     panels = build_panels(LatencyStats(), 10, {"model": "m"})
     names = [p.name for p in panels]
-    assert names == [t.name for t in PANELS] and len(set(names)) == len(names) == 9
-    assert [type(p) for p in panels] == list(PANELS)
+    assert names == [s.kind.name for s in PANELS] and len(set(names)) == len(names) == 9
+    assert [type(p) for p in panels] == [s.kind for s in PANELS]
     assert sorted(n for row in ROWS for n in row) == sorted(names)  # the live layout shows each one
     assert panels[0].meta == {"model": "m"} and panels[1].rollover == 10
 

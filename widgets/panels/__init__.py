@@ -1,14 +1,18 @@
 """The dashboard's panels: one module per plot, each a ``base.Panel`` owning its Bokeh sources.
 
 - ``base``: ``Panel``, ``PanelContext``, ``DEFAULT_ROLLOVER``;
-- ``kpi``, ``memory``, ``page_map``, ``occupancy``, ``batch``, ``latency``, ``timeline``: one panel each;
-- ``registry``: ``PANELS`` (the display order), ``build_panels``, ``apply_tick``;
+- ``kpi``, ``memory``, ``page_map``, ``occupancy``, ``batch``, ``latency``, ``timeline``, ``speculation``: a
+  run's panels; ``watch_kpi``, ``fleet``, ``prefix_tree``, ``watch_latency``: a watch's;
+- ``registry``: each panel declared once (``PanelSpec``: class, row, report part), ``PANELS`` and
+  ``WATCH_PANELS`` in display order, ``build_panels``, ``apply_tick``, ``report_rows``;
+- ``report_parts``: how a panel appears in the report (``RecordedRun``, ``ReportContext``);
+  ``replay``: the page map's replay slider in a static page;
 - ``requests_table``: the requests table of reports and replays (a finished run only, not a panel).
 
 Modules import ``base`` and their siblings directly, never this package, so no import goes in a circle.
 """
 
 from .base import DEFAULT_ROLLOVER, Panel, PanelContext
-from .registry import PANELS, apply_tick, build_panels
+from .registry import PANELS, PanelSpec, apply_tick, build_panels
 
-__all__ = ["DEFAULT_ROLLOVER", "PANELS", "Panel", "PanelContext", "apply_tick", "build_panels"]
+__all__ = ["DEFAULT_ROLLOVER", "PANELS", "Panel", "PanelContext", "PanelSpec", "apply_tick", "build_panels"]

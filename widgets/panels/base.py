@@ -4,7 +4,7 @@ A panel builds its figures once, in ``__init__``, and changes them in place in `
 time series grow with ``ColumnDataSource.stream(..., rollover=N)`` (bounded memory), the page map
 with ``patch``. Panels never touch threads or widgets; ``Dashboard`` calls ``update`` from its one
 update thread, inside ``Document.hold("combine")``, and ``report.save_html`` calls it to fill a
-static page. ``registry.build_panels`` makes each panel from one ``PanelContext``.
+static page. ``registry.build_panels`` makes each panel of its ``PanelSpec`` from one ``PanelContext``.
 """
 
 from __future__ import annotations

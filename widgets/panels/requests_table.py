@@ -12,9 +12,9 @@ import math
 import pandas as pd
 from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, StringFormatter, TableColumn
 
-from ..theme import FULL_WIDTH
+from kvscope.telemetry.export import MAX_TEXT
 
-MAX_TEXT = 2000  # characters of prompt / output kept per request (a table cell, not an archive)
+from ..theme import FULL_WIDTH
 
 
 def request_texts(meta: dict) -> dict[str, dict[str, str | None]]:

@@ -72,11 +72,6 @@ class KVCacheManager:
             request.extra_block_ids = [[] for _ in range(self.num_groups - 1)]
         return request.block_tables
 
-    def blocks_of(self, request: Request) -> list[KVBlock]:
-        """The blocks the request holds, every group's (null entries left out)."""
-        blocks = self.pool.blocks
-        return [blocks[i] for table in self.tables(request) for i in table if i != NULL_BLOCK]
-
     def get_computed_blocks(self, request: Request) -> KVCacheBlocks:
         """Cached blocks that match the start of a request that has nothing computed yet.
 

@@ -12,7 +12,7 @@ There are no separate prefill and decode phases. Each step the scheduler hands o
    looks up its prompt in the prefix cache, then gets a chunk of what remains. A request that could
    never fit in the whole pool fails at once with a reason, so it cannot stall the queue.
 
-The result is a ``SchedulerOutput``; the engine runs it and hands the sampled tokens back to
+The result is a ``SchedulerOutput`` (``core/output.py``, with ``SchedulerUpdate``); the engine runs it and hands the sampled tokens back to
 ``update_from_output`` (vLLM's name), which owns the step's second half: progress, new tokens, stop
 conditions, finishing. ``make_stats`` reads the counters telemetry records after each step.
 
@@ -32,44 +32,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from dataclasses import dataclass, field
 
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.request import Request, RequestStatus
 from kvscope.telemetry.records import SchedulerStats
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What one step computes: ``requests[i]`` gets ``num_tokens[i]`` new tokens."""
-
-    requests: list[Request] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    is_decode: list[bool] = field(default_factory=list)  # one new token after an output token
-    admitted: list[Request] = field(default_factory=list)  # left the waiting queue this step
-    preempted: list[Request] = field(default_factory=list)
-    failed: list[Request] = field(default_factory=list)  # could never fit; finished with an error
-    total_num_tokens: int = 0
-    # request id -> the drafts verified this step, after its last sampled token (vLLM's name)
-    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.requests
-
-
-@dataclass(slots=True)
-class SchedulerUpdate:
-    """What ``update_from_output`` did (vLLM: ``EngineCoreOutputs``)."""
-
-    requests: list[Request] = field(default_factory=list)  # got a token this step, in sampling order
-    token_ids: list[int] = field(default_factory=list)  # the token each got
-    finished: list[Request] = field(default_factory=list)  # of those, finished by a stop condition
-    # speculative decoding, by request id: the accepted drafts it got before ``token_ids[i]``, and the
-    # blocks that held only rejected drafts and went back to the pool
-    spec_accepted: dict[str, list[int]] = field(default_factory=dict)
-    spec_freed: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -314,6 +282,3 @@ class Scheduler:
         request.status = status
         if error is not None:
             request.error = error
-
-    def drop_finished_running(self) -> None:
-        self.running = [r for r in self.running if not r.is_finished]

@@ -27,7 +27,7 @@ import torch
 from kvscope.engine.config import ModelSpec, cdiv, max_positions
 from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
-from kvscope.engine.core.scheduler import SchedulerOutput
+from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request, SamplingParams
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.spec_decode.rejection import target_probs

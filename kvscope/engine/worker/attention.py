@@ -91,16 +91,8 @@ def sink_logits(sinks: torch.Tensor, num_tokens: int, num_heads: int) -> torch.T
     return None
 
 
-def kvscope_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,  # [1, num_heads, T, head_dim]
-    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
-    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim_v]
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def _next_layer() -> tuple[AttentionMetadata, int]:
+    """The step's metadata on this thread and the KV layer of this attention call (the calls are counted)."""
     meta: AttentionMetadata | None = getattr(_local, "meta", None)
     if meta is None:
         raise RuntimeError(
@@ -114,6 +106,28 @@ def kvscope_attention(
             f"the model called the attention more than the {len(meta.kv_caches)} times per forward pass "
             "that the probe at Engine() saw; its attention layers depend on the input"
         )
+    return meta, index
+
+
+def _sinks(kwargs: dict, q: torch.Tensor) -> torch.Tensor | None:
+    """A layer's attention sinks (gpt-oss' ``s_aux``, Inkling's ``sinks``) as ``[T, Hq]`` logits, or None."""
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    return sink_logits(sinks, q.shape[0], q.shape[1]) if sinks is not None else None
+
+
+def kvscope_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, num_heads, T, head_dim]
+    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
+    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim_v]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    meta, index = _next_layer()
     if dropout and module.training:
         raise RuntimeError("attention dropout is on (the model is in training mode): call model.eval()")
     if scaling is None:
@@ -125,11 +139,7 @@ def kvscope_attention(
         raise RuntimeError(f"attention call {index} got {k.shape[0]} keys for {q.shape[0]} queries: the model "
                            "adds or drops keys, which the paged cache cannot hold")  # fmt: skip
     softcap = kwargs.get("softcap") or None
-    sinks = kwargs.get("s_aux")
-    if sinks is None:
-        sinks = kwargs.get("sinks")
-    if sinks is not None:
-        sinks = sink_logits(sinks, q.shape[0], q.shape[1])
+    sinks = _sinks(kwargs, q)
     key_cache, value_cache = meta.kv_caches[index]
     slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
     if meta.layer_group:  # a hybrid model: this layer's group's table (its slot is kv_caches[index])

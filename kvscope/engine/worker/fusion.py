@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-LINEAR_BACKENDS = ("auto", "torch", "onednn")
+from kvscope.engine.config import LINEAR_BACKENDS
+
 # Linears of one module that read the same input and can share one GEMM.
 MERGE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 PACK_BATCH_HINT = 64  # the batch size oneDNN blocks its packed weights for (decode batches are ~8-64 rows)

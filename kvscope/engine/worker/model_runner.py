@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from kvscope.engine.config import LayerSpec, ModelSpec
 from kvscope.engine.core.kv_groups import KVCacheConfig, single_group
-from kvscope.engine.core.scheduler import SchedulerOutput
+from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request
 from kvscope.engine.spec_decode.rejection import verify
 from kvscope.engine.worker.attention import AttentionMetadata, use_metadata
+from kvscope.engine.worker.model_input import ModelInput
 from kvscope.engine.worker.sampler import sample
 from kvscope.kernels import KernelBackend
-
-
-@dataclass(slots=True)
-class ModelInput:
-    """One step, packed: all scheduled tokens of all requests as a single sequence ``[1, T]``."""
-
-    input_ids: torch.Tensor  # [1, T]
-    positions: torch.Tensor  # [1, T]
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [S]: packed positions whose logits produce a token
-    sample_requests: list[Request]  # request of each sampled token (its logits rows, in order)
-    num_tokens: int
-    # speculative decoding: the drafts of each sample request ([] for none), whose 1 + k logits rows
-    # are consecutive; None when nothing in the step has drafts
-    spec_drafts: list[list[int]] | None = None
+from kvscope.kernels.torch_paged import AttentionPlan
 
 
 class ModelRunner:
@@ -90,37 +75,12 @@ class ModelRunner:
     def prepare(self, sched: SchedulerOutput) -> ModelInput:
         """Pack the scheduled tokens: decodes (one token) first, then prefill chunks.
 
-        The per-request loop only gathers Python lists; positions, slots and offsets are computed with
-        numpy over all tokens at once.
+        The per-request loop only gathers Python lists (``_gather``); positions, slots and offsets are
+        computed with numpy over all tokens at once.
         """
-        # Decodes first, shortest context first (the torch path buckets them by length), then prefills.
-        order = sorted(
-            range(len(sched.requests)),
-            key=lambda i: (0, sched.requests[i].num_computed_tokens) if sched.num_tokens[i] == 1 else (1, 0),
-        )
-        requests = [sched.requests[i] for i in order]
-        query_lens = [sched.num_tokens[i] for i in order]
-        starts = [r.num_computed_tokens for r in requests]
-        num_decodes = sum(1 for n in query_lens if n == 1)
-
-        token_ids: list[int] = []
-        num_groups = self.kv_config.num_groups
-        # per group: a request's table (one made without groups, e.g. sizing's, serves every group)
-        tables = [[t[g] if len(t) > g else t[0] for t in (r.block_tables for r in requests)]
-                  for g in range(num_groups)]  # fmt: skip
-        max_blocks = max(len(t) for group in tables for t in group)
-        group_tables = np.zeros((num_groups, len(requests), max_blocks), dtype=np.int64)  # [G, B, max_blocks]
+        requests, query_lens, starts = _decodes_first(sched)
         spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
-        for i, r in enumerate(requests):
-            token_ids.extend(r.all_token_ids[starts[i] : starts[i] + query_lens[i]])
-            if spec:
-                token_ids.extend(spec.get(r.request_id, ()))
-            for g in range(num_groups):
-                group_tables[g, i, : len(tables[g][i])] = tables[g][i]
-        # null entries (blocks that left a window, -1) point at block 0: the kernels never read keys
-        # before a query's window, and pages are zeroed or hold finite K/V, so masked scores add 0
-        np.maximum(group_tables, 0, out=group_tables)
-
+        token_ids, group_tables = self._gather(requests, query_lens, starts, spec)
         q_lens = np.asarray(query_lens, dtype=np.int64)  # [B]
         seq_lens = np.asarray(starts, dtype=np.int64) + q_lens  # [B]
         query_start_loc = np.zeros(len(requests) + 1, dtype=np.int64)  # [B + 1]
@@ -130,44 +90,55 @@ class ModelRunner:
         positions = np.arange(num_tokens) - query_start_loc[seq_of_token] + np.repeat(starts, q_lens)  # [T]
         bs = self.block_size
         slot_mappings = group_tables[:, seq_of_token, positions // bs] * bs + positions % bs  # [G, T]
-
-        # A request produces a token when this step reaches the end of everything it has.
-        spec_drafts = None
-        if spec:  # ... its drafts included; a verification keeps the logits of all 1 + k positions
-            spec_drafts = []
-            samples = []
-            for i, r in enumerate(requests):
-                drafts = spec.get(r.request_id, [])
-                if seq_lens[i] == r.num_tokens + len(drafts):
-                    samples.append(i)
-                    spec_drafts.append(drafts)
-            ends = query_start_loc[1:][samples]
-            logits_indices = np.concatenate([np.arange(e - 1 - len(d), e) for e, d in zip(ends, spec_drafts)])
-        else:
-            samples = [i for i, r in enumerate(requests) if seq_lens[i] == r.num_tokens]
-            logits_indices = query_start_loc[1:][samples] - 1
-
+        samples, logits_indices, spec_drafts = _samples(requests, seq_lens, query_start_loc, spec)
         dev = self.device
+        return ModelInput(
+            input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],
+            positions=torch.from_numpy(positions).to(dev)[None],
+            meta=self._metadata(group_tables, slot_mappings, query_start_loc, seq_lens, query_lens),
+            logits_indices=torch.from_numpy(logits_indices).to(dev),
+            sample_requests=[requests[i] for i in samples],
+            num_tokens=num_tokens,
+            spec_drafts=spec_drafts,
+        )
+
+    def _gather(self, requests: list[Request], query_lens: list[int], starts: list[int],
+                spec: dict[str, list[int]]) -> tuple[list[int], np.ndarray]:
+        """The step's token ids (each request's new tokens, then its drafts) and every group's block
+        tables ``[G, B, max_blocks]``, null entries pointing at block 0."""
+        token_ids: list[int] = []
+        num_groups = self.kv_config.num_groups
+        # per group: a request's table (one made without groups, e.g. sizing's, serves every group)
+        tables = [[t[g] if len(t) > g else t[0] for t in (r.block_tables for r in requests)]
+                  for g in range(num_groups)]  # fmt: skip
+        max_blocks = max(len(t) for group in tables for t in group)
+        group_tables = np.zeros((num_groups, len(requests), max_blocks), dtype=np.int64)  # [G, B, max_blocks]
+        for i, r in enumerate(requests):
+            token_ids.extend(r.all_token_ids[starts[i] : starts[i] + query_lens[i]])
+            if spec:
+                token_ids.extend(spec.get(r.request_id, ()))
+            for g in range(num_groups):
+                group_tables[g, i, : len(tables[g][i])] = tables[g][i]
+        # null entries (blocks that left a window, -1) point at block 0: the kernels never read keys
+        # before a query's window, and pages are zeroed or hold finite K/V, so masked scores add 0
+        np.maximum(group_tables, 0, out=group_tables)
+        return token_ids, group_tables
+
+    def _metadata(self, group_tables: np.ndarray, slot_mappings: np.ndarray, query_start_loc: np.ndarray,
+                  seq_lens: np.ndarray, query_lens: list[int]) -> AttentionMetadata:
+        """The step's ``AttentionMetadata`` on the device (group 0's table and slots first, every
+        group's with a hybrid model), with the backend's plans when it builds them."""
+        dev, num_groups = self.device, self.kv_config.num_groups
+        num_decodes = sum(1 for n in query_lens if n == 1)
         seq_lens_list = seq_lens.tolist()
         group_tables_t = torch.from_numpy(group_tables).to(dev)  # [G, B, max_blocks]
-        block_tables_t = group_tables_t[0]
         slot_mappings_t = torch.from_numpy(slot_mappings).to(dev)  # [G, T]
-        layers, layer_group = self.layers, self.kv_config.layer_group
         plans = None
-        if self.backend.build_plan is not None:  # one plan per (group, kind of layer), shared by its layers
-            by_kind = {}
-            for layer, g in zip(layers, layer_group):
-                if (g, layer.kind) not in by_kind:
-                    by_kind[g, layer.kind] = self.backend.build_plan(
-                        group_tables_t[g], query_lens, seq_lens_list, num_decodes, bs,
-                        layer.num_heads // layer.num_kv_heads, self.spec.dtype,
-                        layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
-                        chunk=layer.attention_chunk, exact=bool(layer.softcap) or layer.sinks,
-                    )
-            plans = [by_kind[g, layer.kind] for layer, g in zip(layers, layer_group)]
-        meta = AttentionMetadata(
+        if self.backend.build_plan is not None:
+            plans = self._plans(group_tables_t, query_lens, seq_lens_list, num_decodes)
+        return AttentionMetadata(
             slot_mapping=slot_mappings_t[0],
-            block_tables=block_tables_t,
+            block_tables=group_tables_t[0],
             query_start_loc=torch.from_numpy(query_start_loc).to(dev, torch.int32),
             seq_lens=torch.from_numpy(seq_lens).to(dev, torch.int32),
             num_decodes=num_decodes,
@@ -175,21 +146,26 @@ class ModelRunner:
             seq_lens_list=seq_lens_list,
             kv_caches=self.kv_caches,
             backend=self.backend,
-            layers=layers,
+            layers=self.layers,
             plans=plans,
-            layer_group=layer_group if num_groups > 1 else (),
+            layer_group=self.kv_config.layer_group if num_groups > 1 else (),
             group_slot_mappings=list(slot_mappings_t) if num_groups > 1 else [],
             group_block_tables=list(group_tables_t) if num_groups > 1 else [],
         )
-        return ModelInput(
-            input_ids=torch.tensor(token_ids, dtype=torch.long, device=dev)[None],
-            positions=torch.from_numpy(positions).to(dev)[None],
-            meta=meta,
-            logits_indices=torch.from_numpy(logits_indices).to(dev),
-            sample_requests=[requests[i] for i in samples],
-            num_tokens=num_tokens,
-            spec_drafts=spec_drafts,
-        )
+
+    def _plans(self, group_tables: torch.Tensor, query_lens: list[int], seq_lens: list[int],
+               num_decodes: int) -> list[AttentionPlan]:
+        """Per KV layer its attention plan: one per (group, kind of layer), shared by its layers."""
+        layers, layer_group, by_kind = self.layers, self.kv_config.layer_group, {}
+        for layer, g in zip(layers, layer_group):
+            if (g, layer.kind) not in by_kind:
+                by_kind[g, layer.kind] = self.backend.build_plan(
+                    group_tables[g], query_lens, seq_lens, num_decodes, self.block_size,
+                    layer.num_heads // layer.num_kv_heads, self.spec.dtype,
+                    layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
+                    chunk=layer.attention_chunk, exact=bool(layer.softcap) or layer.sinks,
+                )
+        return [by_kind[g, layer.kind] for layer, g in zip(layers, layer_group)]
 
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> torch.Tensor:
@@ -231,3 +207,32 @@ def call_model(
     )
     logits = out.logits if hasattr(out, "logits") else out[0]
     return logits[0]  # [S, vocab]
+
+
+def _decodes_first(sched: SchedulerOutput) -> tuple[list[Request], list[int], list[int]]:
+    """The scheduled requests, their new tokens and their computed tokens, in packing order: decodes
+    first, shortest context first (the torch path buckets them by length), then prefills."""
+    order = sorted(
+        range(len(sched.requests)),
+        key=lambda i: (0, sched.requests[i].num_computed_tokens) if sched.num_tokens[i] == 1 else (1, 0),
+    )
+    requests = [sched.requests[i] for i in order]
+    return requests, [sched.num_tokens[i] for i in order], [r.num_computed_tokens for r in requests]
+
+
+def _samples(requests: list[Request], seq_lens: np.ndarray, query_start_loc: np.ndarray,
+             spec: dict[str, list[int]]) -> tuple[list[int], np.ndarray, list[list[int]] | None]:
+    """Which requests produce a token this step (those that reach the end of everything they have, their
+    drafts included), the packed rows whose logits they need, and their drafts (None: no drafts)."""
+    if not spec:
+        samples = [i for i, r in enumerate(requests) if seq_lens[i] == r.num_tokens]
+        return samples, query_start_loc[1:][samples] - 1, None
+    spec_drafts, samples = [], []  # a verification keeps the logits of all 1 + k positions
+    for i, r in enumerate(requests):
+        drafts = spec.get(r.request_id, [])
+        if seq_lens[i] == r.num_tokens + len(drafts):
+            samples.append(i)
+            spec_drafts.append(drafts)
+    ends = query_start_loc[1:][samples]
+    logits_indices = np.concatenate([np.arange(e - 1 - len(d), e) for e, d in zip(ends, spec_drafts)])
+    return samples, logits_indices, spec_drafts

@@ -178,13 +178,14 @@ def test_can_fit_counts_the_window():
 
 
 @pytest.mark.parametrize("window", [None, 8])
-def test_blocks_of_lists_only_held_blocks(window):
+def test_tables_hold_only_held_blocks(window):
     kv = windowed(window=window) if window else KVCacheManager(BlockPool(32, 4))
     r = request(20)
     kv.allocate_slots(r, 20)
     r.num_computed_tokens = 20
     kv.allocate_slots(r, 1)
-    assert len(kv.blocks_of(r)) == kv.pool.num_used_blocks
+    held = [b for table in kv.tables(r) for b in table if b != NULL_BLOCK]  # every group's, nulls left out
+    assert len(held) == kv.pool.num_used_blocks
 
 
 # ---- through the engine, against transformers ----------------------------------------------------
@@ -214,7 +215,7 @@ def prompts():
 
 @pytest.fixture(scope="module", params=list(WINDOWED))
 def windowed_refs(request):
-    from test_models import own_greedy
+    from models.test_loader import own_greedy
 
     from kvscope.models.zoo import tiny_model
 
@@ -297,7 +298,7 @@ def test_full_attention_models_keep_one_group_of_their_own_slots():
 def test_triton_kernels_mask_the_null_entries(model_type):
     """The Triton path (the interpreter on a CPU) reads the same tables: null entries point at block 0
     and are never read (a q-block starts at its first query's window)."""
-    from test_models import own_greedy
+    from models.test_loader import own_greedy
 
     from kvscope import Engine
     from kvscope.models.zoo import tiny_model

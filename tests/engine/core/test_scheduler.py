@@ -3,7 +3,8 @@
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
-from kvscope.engine.core.scheduler import Scheduler, SchedulerOutput
+from kvscope.engine.core.output import SchedulerOutput
+from kvscope.engine.core.scheduler import Scheduler
 from kvscope.engine.request import Request, RequestStatus, SamplingParams
 
 

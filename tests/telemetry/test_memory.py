@@ -1,4 +1,5 @@
-"""Memory probes: real readings where they exist, absent keys (never zeros, never exceptions) elsewhere."""
+"""Memory readings (``telemetry/memory.py``): real readings where they exist, absent keys (never zeros,
+never exceptions) elsewhere."""
 
 from __future__ import annotations
 

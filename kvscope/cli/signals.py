@@ -1,0 +1,56 @@
+"""Stopping a terminal run by a signal: while ``stop_signals()`` holds, SIGTERM and SIGHUP raise ``StopSignal``
+in the main thread (a ``KeyboardInterrupt``, as SIGINT raises), so ``kvscope run``, ``demo`` and ``watch`` stop
+the same way for all three: the work winds down, the files are written, and the exit code is 128 + the
+signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread as SIGINT raises ``KeyboardInterrupt``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise StopSignal(signum)
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
+    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _raise_stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def signal_number(exc: KeyboardInterrupt) -> int:
+    """The signal that stopped the work: ``StopSignal``'s, else SIGINT (Ctrl-C)."""
+    return getattr(exc, "signum", signal.SIGINT)
+
+
+def wait_until_done(run: Any) -> None:
+    """Wait for a stopped run (or watch) to wind down and write its files. More SIGTERMs / SIGHUPs ask for
+    what is happening anyway; a second Ctrl-C quits at once (the temp files are removed at exit)."""
+    while not run.done:
+        try:
+            time.sleep(0.05)
+        except StopSignal:
+            continue

@@ -1,0 +1,47 @@
+"""The step's hand-off types: what one part of ``Engine.step`` hands the next.
+
+``Scheduler.schedule`` -> ``SchedulerOutput`` -> the worker (``ModelRunner.prepare`` packs it into a
+``ModelInput``, ``worker/model_input.py``; ``forward``; ``sample`` or ``verify``) -> token ids ->
+``Scheduler.update_from_output`` -> ``SchedulerUpdate`` -> the engine's ``StreamDelta``s and the step's
+telemetry (``engine/source.py``). Plain data only (vLLM: ``v1/core/sched/output.py``). ``ModelInput`` holds
+tensors and attention metadata, so it lives with the worker: the core never imports the worker, which is what
+lets a model-free worker drive the same scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvscope.engine.request import Request
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes: ``requests[i]`` gets ``num_tokens[i]`` new tokens."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    is_decode: list[bool] = field(default_factory=list)  # one new token after an output token
+    admitted: list[Request] = field(default_factory=list)  # left the waiting queue this step
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # could never fit; finished with an error
+    total_num_tokens: int = 0
+    # request id -> the drafts verified this step, after its last sampled token (vLLM's name)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(slots=True)
+class SchedulerUpdate:
+    """What ``update_from_output`` did (vLLM: ``EngineCoreOutputs``)."""
+
+    requests: list[Request] = field(default_factory=list)  # got a token this step, in sampling order
+    token_ids: list[int] = field(default_factory=list)  # the token each got
+    finished: list[Request] = field(default_factory=list)  # of those, finished by a stop condition
+    # speculative decoding, by request id: the accepted drafts it got before ``token_ids[i]``, and the
+    # blocks that held only rejected drafts and went back to the pool
+    spec_accepted: dict[str, list[int]] = field(default_factory=dict)
+    spec_freed: dict[str, list[int]] = field(default_factory=dict)
