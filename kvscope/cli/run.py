@@ -44,7 +44,7 @@ class RunCommand(Command):
     def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser = self.subparser(subparsers, "Run a model on the kvscope engine with progress, a summary table, a "
                                 "report, a Perfetto trace and a metrics file. The options are those of %kvscope "
-                                "(kvscope/options.py), with --out for the files' names instead of the dashboard's.",
+                                "(kvscope/options/run.py), with --out for the files' names instead of the dashboard's.",
                                 EPILOG_RUN)
         add_run_options(parser, CLI)
         return parser

@@ -177,7 +177,7 @@ class EngineConfig:
     telemetry: bool = True
     # speculative decoding: None (off), a dict of SpeculativeConfig's fields (vLLM's names), or one
     speculative_config: Any = None
-    # CPU GEMMs (kvscope/fusion.py): "auto" (oneDNN for float32 on the CPU, else the model's own),
+    # CPU GEMMs (kvscope/engine/worker/fusion.py): "auto" (oneDNN for float32 on the CPU, else the model's own),
     # "onednn" or "torch"; merge_projections: one GEMM for q/k/v and one for gate/up
     linear_backend: str = "auto"
     merge_projections: bool = True

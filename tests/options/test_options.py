@@ -1,4 +1,4 @@
-"""The run options' one home (kvscope/options.py): `kvscope run` and `%kvscope` take the same options, with
+"""The run options' one home (kvscope/options/run.py): `kvscope run` and `%kvscope` take the same options, with
 the same defaults and help, and refuse the same bad values with the same line; options.py is stdlib-only;
 neither face imports the other."""
 

@@ -1,4 +1,4 @@
-"""Fuzzing the run options (kvscope/options.py) and the prompt reader: any value, any command line, any
+"""Fuzzing the run options (kvscope/options/run.py) and the prompt reader: any value, any command line, any
 prompts text. A value parser returns a value inside its documented range or refuses with one short
 ``OptionError`` line, never another exception (a huge seed, a size that overflows to infinity, a delay no
 thread can wait for, 5,000 digits); both faces parse a command line alike; a prompts file's lines are its

@@ -1,5 +1,5 @@
 """``kvscope.runs.comparison``: the summary table equals each run's own summary, ratios, warnings, bad input,
-the HTML page's parts and the ``kvscope compare`` command (``kvscope/cli_compare.py``)."""
+the HTML page's parts and the ``kvscope compare`` command (``kvscope/cli/compare.py``)."""
 
 from __future__ import annotations
 

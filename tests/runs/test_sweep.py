@@ -1,5 +1,5 @@
 """``kvscope.runs.sweep``: one run per value, the same workload in each, listed options, failures, the
-``kvscope sweep`` command (``cli_compare.py``) and ``%kvscope sweep`` (``magic_sweep.py``); the
+``kvscope sweep`` command (``cli/compare.py``) and ``%kvscope sweep`` (``magic/sweep.py``); the
 notebook view is tested in ``tests/widgets/test_sweep_view.py``."""
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_kineto_events_land_inside_our_phases(profiled):
         )
         for r in records.values()
     ]
-    # the GEMMs: aten::mm, or the oneDNN linears of kvscope/fusion.py where it runs them
+    # the GEMMs: aten::mm, or the oneDNN linears of kvscope/engine/worker/fusion.py where it runs them
     mms = [e for e in run.profiler_events if e.get("name") in MATMUL_OPS and e.get("ph") == "X"]
     assert mms
     for e in mms:

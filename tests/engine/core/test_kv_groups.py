@@ -1,4 +1,4 @@
-"""KV cache groups (kvscope/kv_groups.py): the grouping, the window boundary, and the manager's freeing."""
+"""KV cache groups (kvscope/engine/core/kv_groups.py): the grouping, the window boundary, and the manager's freeing."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""oneDNN GEMMs and merged projections (kvscope/fusion.py): greedy tokens equal transformers', the
+"""oneDNN GEMMs and merged projections (kvscope/engine/worker/fusion.py): greedy tokens equal transformers', the
 model object computes exactly what it did outside the engine, and the switch is the config's."""
 
 import pytest
