@@ -23,33 +23,14 @@ examples:
   (ratios are against the first run; runs of different models or workloads are compared with a warning)"""
 
 
-class CompareCommand(Command):
-    name = "compare"
-    help = "runs side by side: a summary table with ratios, overlaid plots"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        p = self.subparser(subparsers, "Compare saved runs (traces or metrics files) in one standalone HTML page: "
-                           "a summary table with ratios against the first run, the time series overlaid (aligned "
-                           "by step or by time), latency distributions overlaid, and the page maps side by side "
-                           "under one replay slider.", EPILOG_COMPARE)
-        p.add_argument("runs", nargs="+", metavar="RUN", help="two or more .trace.json / .metrics.jsonl files")
-        p.add_argument("-o", "--output", default="kvscope-compare.html", metavar="HTML",
-                       help="the comparison page (default kvscope-compare.html)")
-        p.add_argument("--label", action="append", default=None, metavar="NAME",
-                       help="a name per run, in order (repeat it; default: the file names)")
-        p.add_argument("--csv", default=None, metavar="PATH", help="also write the summary, one row per run, as CSV")
-        p.add_argument("-q", "--quiet", action="store_true", help="print only the paths written")
-        return p
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_compare(args)
-
-
-COMMAND = CompareCommand()
-
-
-def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    return COMMAND.add_parser(subparsers)
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="two or more .trace.json / .metrics.jsonl files")
+    parser.add_argument("-o", "--output", default="kvscope-compare.html", metavar="HTML",
+                        help="the comparison page (default kvscope-compare.html)")
+    parser.add_argument("--label", action="append", default=None, metavar="NAME",
+                        help="a name per run, in order (repeat it; default: the file names)")
+    parser.add_argument("--csv", default=None, metavar="PATH", help="also write the summary, one row per run, as CSV")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the paths written")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -107,3 +88,16 @@ def print_table(cmp) -> None:
                 text += f" ({ratio:.2f}x)" if ratio == ratio else " (–)"
             cells.append(f"  {text:>{c}}")
         print(f"{m.name:<{width}}" + "".join(cells))
+
+
+COMMAND = Command(
+    name="compare",
+    help="runs side by side: a summary table with ratios, overlaid plots",
+    description="Compare saved runs (traces or metrics files) in one standalone HTML page: "
+                "a summary table with ratios against the first run, the time series overlaid (aligned "
+                "by step or by time), latency distributions overlaid, and the page maps side by side "
+                "under one replay slider.",
+    epilog=EPILOG_COMPARE,
+    add_options=_add_options,
+    run=cmd_compare,
+)

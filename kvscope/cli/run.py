@@ -37,23 +37,8 @@ Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (kvs
 PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
 
 
-class RunCommand(Command):
-    name = "run"
-    help = "run any model on your prompts or a synthetic workload"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        parser = self.subparser(subparsers, "Run a model on the kvscope engine with progress, a summary table, a "
-                                "report, a Perfetto trace and a metrics file. The options are those of %kvscope "
-                                "(kvscope/options/run.py), with --out for the files' names instead of the dashboard's.",
-                                EPILOG_RUN)
-        add_run_options(parser, CLI)
-        return parser
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_run(args)
-
-
-COMMAND = RunCommand()
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    add_run_options(parser, CLI)
 _SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl"}
 
 
@@ -244,3 +229,15 @@ def print_summary(run, title: str) -> None:
     print(title)
     for name, value in rows:
         print(f"  {name:<18} {value}")
+
+
+COMMAND = Command(
+    name="run",
+    help="run any model on your prompts or a synthetic workload",
+    description="Run a model on the kvscope engine with progress, a summary table, a "
+                "report, a Perfetto trace and a metrics file. The options are those of %kvscope "
+                "(kvscope/options/run.py), with --out for the files' names instead of the dashboard's.",
+    epilog=EPILOG_RUN,
+    add_options=_add_options,
+    run=cmd_run,
+)

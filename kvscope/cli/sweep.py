@@ -27,32 +27,14 @@ seeded synthetic workload is the same prompts in every run. Writes the compariso
 kvscope-sweep.html) and the summary as CSV (--csv, default: the -o path with .csv)."""
 
 
-class SweepCommand(Command):
-    name = "sweep"
-    help = "one run per value of a run option, compared"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        p = self.subparser(subparsers, "Run the same seeded workload once per value of one run option (any "
-                           "option of 'kvscope run' that takes a value, given as a comma-separated list) and "
-                           "compare the runs.", EPILOG_SWEEP)
-        add_sweep_options(p, CLI)
-        out = p.add_argument_group("outputs")
-        out.add_argument("-o", "--output", default="kvscope-sweep.html", metavar="HTML",
-                         help="the comparison page (default kvscope-sweep.html)")
-        out.add_argument("--csv", default=None, metavar="PATH",
-                         help="the summary, one row per run (default: the -o path with .csv)")
-        out.add_argument("-q", "--quiet", action="store_true", help="no progress or table; print the paths written")
-        return p
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_sweep(args)
-
-
-COMMAND = SweepCommand()
-
-
-def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    return COMMAND.add_parser(subparsers)
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    add_sweep_options(parser, CLI)
+    out = parser.add_argument_group("outputs")
+    out.add_argument("-o", "--output", default="kvscope-sweep.html", metavar="HTML",
+                     help="the comparison page (default kvscope-sweep.html)")
+    out.add_argument("--csv", default=None, metavar="PATH",
+                     help="the summary, one row per run (default: the -o path with .csv)")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress or table; print the paths written")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -107,3 +89,15 @@ def _follow(sweep, quiet: bool) -> None:
         time.sleep(0.1)
     for label, exc in sweep.errors.items():
         print(f"{label:<24} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+COMMAND = Command(
+    name="sweep",
+    help="one run per value of a run option, compared",
+    description="Run the same seeded workload once per value of one run option (any "
+                "option of 'kvscope run' that takes a value, given as a comma-separated list) and "
+                "compare the runs.",
+    epilog=EPILOG_SWEEP,
+    add_options=_add_options,
+    run=cmd_sweep,
+)

@@ -15,26 +15,12 @@ from kvscope.options.run import positive_int
 from kvscope.utils.files import check_outputs
 
 
-class ViewCommand(Command):
-    name = "view"
-    help = "an HTML report from a saved trace or metrics file"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        view = self.subparser(subparsers, "Rebuild the standalone HTML report of a saved run.",
-                              "example:\n  kvscope view kvscope-demo.trace.json -o demo.html\n"
-                              "  (the same report that 'kvscope demo' writes; opens offline)")
-        view.add_argument("trace", metavar="TRACE", help="a .trace.json or .metrics.jsonl written by kvscope")
-        view.add_argument("-o", "--output", default=None, metavar="HTML",
-                          help="report path (default: TRACE with .html instead of .trace.json / .jsonl)")
-        view.add_argument("-q", "--quiet", action="store_true", help="print only the report's path")
-        add_perfetto_options(view)
-        return view
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_view_perfetto(args) if args.perfetto else cmd_view(args)
-
-
-COMMAND = ViewCommand()
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", metavar="TRACE", help="a .trace.json or .metrics.jsonl written by kvscope")
+    parser.add_argument("-o", "--output", default=None, metavar="HTML",
+                        help="report path (default: TRACE with .html instead of .trace.json / .jsonl)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the report's path")
+    add_perfetto_options(parser)
 
 
 def add_perfetto_options(view: argparse.ArgumentParser) -> None:
@@ -103,3 +89,18 @@ def cmd_view_perfetto(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("stopped", flush=True)
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    return cmd_view_perfetto(args) if args.perfetto else cmd_view(args)
+
+
+COMMAND = Command(
+    name="view",
+    help="an HTML report from a saved trace or metrics file",
+    description="Rebuild the standalone HTML report of a saved run.",
+    epilog="example:\n  kvscope view kvscope-demo.trace.json -o demo.html\n"
+           "  (the same report that 'kvscope demo' writes; opens offline)",
+    add_options=_add_options,
+    run=_run,
+)

@@ -36,23 +36,9 @@ exact: token counts, prefix hits, preemptions, cached blocks; estimated (≈): l
 (histogram buckets); unknowable from outside: block ids, fragmentation. See docs/vllm.md."""
 
 
-class WatchCommand(Command):
-    name = "watch"
-    help = "watch running vLLM servers: KV cache, prefix tree, latency; files"
-
-    def add_parser(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        watch = self.subparser(subparsers, "Attach to running vLLM servers from outside: poll their Prometheus "
-                               "/metrics, follow their KV cache events, read kvscope's vLLM plugin; write the same "
-                               "trace, metrics and HTML report as a kvscope run.", EPILOG_WATCH)
-        add_watch_options(watch)
-        watch.add_argument("-q", "--quiet", action="store_true", help="no status line or table; print the files")
-        return watch
-
-    def run(self, args: argparse.Namespace) -> int:
-        return cmd_watch(args)
-
-
-COMMAND = WatchCommand()
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    add_watch_options(parser)
+    parser.add_argument("-q", "--quiet", action="store_true", help="no status line or table; print the files")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -150,3 +136,15 @@ def print_watch_summary(run) -> None:
         print("faults: " + ", ".join([f"connection lost {s['connection_lost']}x"] * bool(s["connection_lost"])
                                      + [f"{k} {v}" for k, v in faults.items()]))
     print()
+
+
+COMMAND = Command(
+    name="watch",
+    help="watch running vLLM servers: KV cache, prefix tree, latency; files",
+    description="Attach to running vLLM servers from outside: poll their Prometheus "
+                "/metrics, follow their KV cache events, read kvscope's vLLM plugin; write the same "
+                "trace, metrics and HTML report as a kvscope run.",
+    epilog=EPILOG_WATCH,
+    add_options=_add_options,
+    run=cmd_watch,
+)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvscope import Engine
-from kvscope.cli.compare import add_compare_parser, cmd_compare
+from kvscope.cli.compare import COMMAND, cmd_compare
 from kvscope.cli.parser import CLIError, Parser
 from kvscope.runs.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
 from kvscope.runs.run import Run
@@ -161,7 +161,7 @@ def test_show_displays_the_layout(runs, monkeypatch):
 # ---- kvscope compare ------------------------------------------------------------------------------
 def _cli(argv: list[str]) -> int:
     parser = Parser(prog="kvscope")
-    add_compare_parser(parser.add_subparsers(dest="command", parser_class=Parser))
+    COMMAND.add_parser(parser.add_subparsers(dest="command", parser_class=Parser))
     return cmd_compare(parser.parse_args(["compare", *argv]))
 
 

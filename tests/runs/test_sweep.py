@@ -10,7 +10,7 @@ import torch
 from IPython.core.error import UsageError
 
 from kvscope.cli.parser import CLIError, Parser
-from kvscope.cli.sweep import add_sweep_parser, cmd_sweep
+from kvscope.cli.sweep import COMMAND, cmd_sweep
 from kvscope.magic.sweep import magic_sweep
 from kvscope.options.run import CLI, OptionError, OptionParser
 from kvscope.options.sweep import add_sweep_options
@@ -110,7 +110,7 @@ def test_a_failing_run_is_reported_and_the_others_run():
 # ---- kvscope sweep ----------------------------------------------------------------------------------
 def _cli(argv: list[str]) -> int:
     parser = Parser(prog="kvscope")
-    add_sweep_parser(parser.add_subparsers(dest="command", parser_class=Parser))
+    COMMAND.add_parser(parser.add_subparsers(dest="command", parser_class=Parser))
     return cmd_sweep(parser.parse_args(["sweep", *argv]))
 
 
