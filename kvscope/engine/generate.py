@@ -8,6 +8,7 @@ whether its own requests are done (another thread's step may have finished them)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 from kvscope.engine.request import Request, RequestOutput, SamplingParams, StreamDelta
@@ -48,7 +49,8 @@ class GenerateMixin:
             if all(r.is_finished for r in requests):
                 return False
             self.step()
-            return True
+        time.sleep(0)  # between steps, out of the lock: another thread's call gets its turn (fair sharing)
+        return True
 
     def _abort_own(self, requests: list[Request]) -> None:
         with self._lock:
