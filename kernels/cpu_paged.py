@@ -13,9 +13,11 @@ engine's greedy tokens against transformers'). A window or a chunk comes in as e
 visible position, so pages before it (freed ones included) are never read. Prefill chunks, other
 dtypes than float32 and exact-score layers (softcap, sinks) keep the torch path.
 
-Built by ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja are needed) into torch's
-extension cache (``~/.cache/torch_extensions``, or ``$KVSCOPE_EXTENSIONS_DIR``), so only the first
-process on a machine pays the build (~30-60 s); it registers ``torch.ops.kvscope.paged_decode_attention``.
+Built by ``torch.utils.cpp_extension.load_inline`` (a C++ compiler and ninja are needed) into a folder
+keyed by what the binary depends on (torch, compiler, flags, CPU features; ``cpu_build.py``) under torch's
+extension cache (``~/.cache/torch_extensions/py<ver>_cpu``) or under ``$KVSCOPE_EXTENSIONS_DIR`` when set,
+so only the first process with a given torch, compiler and CPU pays the build (~30-60 s, announced on
+stderr); a process that starts meanwhile waits for it. It registers ``torch.ops.kvscope.paged_decode_attention``.
 ``load()`` is False where it cannot be built, and ``resolve_backend("auto")`` then picks the torch path.
 
 One thread: splitting the sequences over a second one (torch's inter-op pool; ``at::parallel_for``
@@ -29,13 +31,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
 
-from . import torch_paged
+from . import cpu_build, torch_paged
 from .torch_paged import AttentionPlan
 
 log = logging.getLogger(__name__)
@@ -172,34 +172,31 @@ TORCH_LIBRARY_IMPL(kvscope, CPU, m) { m.impl("paged_decode_attention", &paged_de
 
 @functools.cache
 def load() -> bool:
-    """Build (or find in the cache) and load the kernel; False, logged once, where it cannot be built."""
+    """Build (or find in the cache) and load the kernel; False, logged once, where it cannot be built or
+    another process's build of it takes longer than ``cpu_build.WAIT_S``. The build folder, its lock and
+    the notices are ``cpu_build``'s."""
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load_inline
+        from torch.utils.cpp_extension import load_inline
 
-        folder = _build_dir() or _get_build_directory(NAME, verbose=False)
-        if not os.path.exists(os.path.join(folder, f"{NAME}.so")):
-            print("kvscope: building the CPU decode-attention kernel (once per machine, ~30 s)", file=sys.stderr)
-        load_inline(name=NAME, cpp_sources=[_SOURCE], is_python_module=False, verbose=False,
-                    extra_cflags=["-O3", "-march=native", *_capability_flags()], build_directory=_build_dir())
+        flags = build_flags()
+        key = cpu_build.current_key(_SOURCE, flags)
+        folder = cpu_build.build_folder(NAME, key)
+        cpu_build.build_once(folder, NAME, key, lambda: load_inline(
+            name=NAME, cpp_sources=[_SOURCE], is_python_module=False, verbose=False, extra_cflags=flags,
+            build_directory=folder))
         return hasattr(torch.ops.kvscope, "paged_decode_attention")
-    except Exception as exc:  # no compiler, no ninja, a failing build: keep the torch path
+    except Exception as exc:  # no compiler, no ninja, a failing build, a build elsewhere too slow: the torch path
         log.warning("kvscope: the C++ decode attention could not be built (%s); using the torch path", exc)
         return False
 
 
-def _capability_flags() -> list[str]:
-    """at::vec's vector width for this CPU (the macros torch's own kernels and inductor's code use)."""
+def build_flags() -> list[str]:
+    """The compiler flags: native code, and at::vec's vector width for this CPU (the macros torch's own
+    kernels and inductor's code use)."""
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", ...
     if capability in ("AVX512", "AVX2"):
-        return [f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
-    return []
-
-
-def _build_dir() -> str | None:
-    folder = os.environ.get("KVSCOPE_EXTENSIONS_DIR")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    return folder or None
+        return ["-O3", "-march=native", f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
+    return ["-O3", "-march=native"]
 
 
 @dataclass(slots=True)

@@ -1,5 +1,7 @@
 """kvscope: an interactive profiler for paged-KV LLM inference."""
 
+import os
+import sys
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -28,6 +30,8 @@ def __getattr__(name: str):
     if name == "watch":  # the package kvscope.watch, which is callable: kvscope.watch(urls, ...) (see its docstring)
         return import_module("kvscope.watch")
     if name in _LAZY:
+        if name == "Engine":  # Engine(model, pd="1P1D"): kvscope.pd registers the disaggregated engine
+            import_module("kvscope.pd.engine")
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
@@ -45,3 +49,28 @@ def unload_ipython_extension(ipython) -> None:
     from kvscope.magic.run import unload_ipython_extension as unload
 
     unload(ipython)
+
+
+def _warn_if_shadowed() -> None:
+    """Warn when a folder named ``kvscope`` in the working folder (or the script's) is not this package.
+
+    Python run there (a script, ``python -m kvscope``, a notebook started there) imports that folder instead
+    of this package, which an editable install (``pip install -e .``) finds only after it, and then
+    ``from kvscope import Engine`` fails with "cannot import name 'Engine' from 'kvscope' (unknown location)",
+    before any of kvscope runs. Only a process that got this package (the ``kvscope`` command, Python started
+    elsewhere) can say so: it warns on stderr, naming the folder to rename."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        bases = {os.getcwd(), os.path.abspath(sys.path[0] or os.curdir) if sys.path else os.getcwd()}
+        for base in sorted(bases):
+            folder = os.path.join(base, "kvscope")
+            if os.path.isdir(folder) and not os.path.samefile(folder, here):
+                print(f"kvscope: warning: the folder {folder} is not the kvscope package ({here}) but has its "
+                      f"name: Python started in {base} (a script, python -m kvscope, a notebook) imports it instead, "
+                      "and 'from kvscope import Engine' fails there with \"cannot import name 'Engine' from "
+                      "'kvscope' (unknown location)\"; rename that folder", file=sys.stderr, flush=True)
+    except OSError:  # the working folder was deleted, a path cannot be read: nothing to say
+        pass
+
+
+_warn_if_shadowed()

@@ -30,7 +30,6 @@ from bokeh.models import (
     ColumnDataSource,
     CustomJS,
     Div,
-    NumeralTickFormatter,
     RadioButtonGroup,
     Range1d,
     Slider,
@@ -43,33 +42,47 @@ from kvscope.utils.files import atomic_write
 from .compare_table import Compared, MiB, header_html, run_color, summary_html
 from .feed import Tick
 from .panels.page_map import PageMapPanel
-from .panels.replay import REPLAY_JS, page_map_history
-from .theme import FULL_WIDTH, HALF_WIDTH, HEIGHT, TIMES, add_hover, hover_value, new_figure, tick_formatter
+from .panels.replay import REPLAY_JS, caption, page_map_history
+from .theme import (
+    AMOUNT,
+    COUNT,
+    FULL_WIDTH,
+    HALF_WIDTH,
+    HEIGHT,
+    SHARE,
+    TIMES,
+    add_hover,
+    format_axis,
+    hover_value,
+    new_figure,
+    tick_formatter,
+)
 
 # (column, title, y axis label, tick format: theme.tick_formatter's): one figure per quantity, one line per run.
 SERIES = {
     "Throughput and batch": (
-        ("output_tokens", "Output tokens so far", "tokens", "0,0"),
-        ("num_tokens", "Tokens per step (prefill + decode)", "tokens", "0,0"),
-        ("num_running", "Running requests", "requests", "0,0"),
-        ("num_waiting", "Waiting requests", "requests", "0,0"),
+        ("output_tokens", "Output tokens so far", "tokens", COUNT),
+        ("num_tokens", "Tokens per step (prefill + decode)", "tokens", COUNT),
+        ("num_running", "Running requests", "requests", COUNT),
+        ("num_waiting", "Waiting requests", "requests", COUNT),
     ),
     "KV cache": (
-        ("block_usage", "KV blocks used (share of the pool)", "share of pool", "0%"),
-        ("kv_mib", "KV memory used (MiB)", "MiB", "0,0.[00]"),
-        ("fragmentation", "Fragmentation (unused slots in used blocks)", "share of used slots", "0%"),
+        ("block_usage", "KV blocks used (share of the pool)", "share of pool", SHARE),
+        ("kv_mib", "KV memory used (MiB)", "MiB", AMOUNT),
+        ("fragmentation", "Fragmentation (unused slots in used blocks)", "share of used slots", SHARE),
         ("static_x_pool", "A static max-length reservation, in times the pool", "x the pool", TIMES),
     ),
-    "Device memory": (("device_mib", "Device memory used (NVML, MiB)", "MiB", "0,0"),),  # GPU runs only
+    "Device memory": (("device_mib", "Device memory used (NVML, MiB)", "MiB", AMOUNT),),  # GPU runs only
 }
-STEP_TIME = ("step_ms", "Step time (ms)", "ms", "0,0.[00]")
+STEP_TIME = ("step_ms", "Step time (ms)", "ms", AMOUNT)
 
 ALIGN_JS = """
 const by_time = align.active == 1, key = by_time ? "t" : "step";
 for (const s of sources) s.data = Object.assign({}, s.data, {x: s.data[key]});
 const [lo, hi] = by_time ? [0, t_max] : [step_min, step_max];
 xr.start = lo; xr.end = hi; xr.reset_start = lo; xr.reset_end = hi;
-for (const a of axes) a.axis_label = by_time ? "seconds since the run started" : "step";
+for (const a of axes) { a.axis_label = by_time ? "seconds since the run started" : "step";
+                        a.ticker.min_interval = by_time ? 0 : 1; }  // whole steps; seconds in any fraction
 if (slider !== null) {
   slider.title = by_time ? "replay time (s)" : "replay step";
   slider.start = lo; slider.end = hi; slider.step = by_time ? Math.max(t_max / 400, 1e-6) : 1;
@@ -151,7 +164,8 @@ class _Builder:
             lines.append(line)
         fig.y_range.renderers = lines
         fig.y_range.start = 0
-        fig.yaxis[0].formatter = tick_formatter(fmt)
+        format_axis(fig.yaxis[0], fmt)
+        fig.xaxis[0].formatter = tick_formatter(AMOUNT)  # whole steps, or seconds (ALIGN_JS)
         add_hover(fig, [("run", "@run"), ("step", "@step"), ("time", "@t{0.000} s"), (y_label, hover_value(key, fmt))],
                   mode="vline", renderers=lines)
         self.axes.append(fig.xaxis[0])
@@ -160,7 +174,7 @@ class _Builder:
     def ecdf_figure(self, title: str, samples: list, width: int):
         fig = new_figure(title, width=width, x_axis_label="ms", y_axis_label="share at or below",
                          y_range=Range1d(0, 1.02))
-        fig.yaxis[0].formatter = NumeralTickFormatter(format="0%")
+        fig.yaxis[0].formatter = tick_formatter(SHARE)
         lines = []
         for i, (label, values) in enumerate(zip(self.cmp.labels, samples)):
             data = ecdf(values)
@@ -187,7 +201,7 @@ class _Builder:
             times = dict(zip(self.sources[i].data["step"].tolist(), self.sources[i].data["t"].tolist()))
             hist["t"] = [times.get(step, 0.0) for step in hist["step"]]
             steps = hist["step"]
-            text = f"page map after step {steps[-1]}" if steps else "no page map recorded"
+            text = caption("page map", steps[-1], panel.entries) if steps else "no page map recorded"
             status = Div(text=text, width=width, name=f"compare-page-map-label-{i}")
             cells.append(column(panel.model, status))
             hists.append((hist, panel, status))
@@ -253,7 +267,7 @@ def show(cmp: Compared) -> None:
     from IPython.display import display
     from jupyter_bokeh import BokehModel
 
-    from .dashboard import ensure_bokehjs
+    from .bokehjs import ensure_bokehjs
 
     ensure_bokehjs()
     display(BokehModel(build_comparison(cmp)))

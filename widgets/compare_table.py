@@ -28,6 +28,9 @@ class Compared(Protocol):
     labels: list[str]
     summaries: list[dict[str, Any]]
     metrics: Sequence[Any]  # kvscope.runs.comparison.Metric: key, name, unit, better
+    spreads: list[dict[str, tuple[float, float]]]  # per run, metric -> (min, max) over its repeats
+
+    def within_noise(self, key: str, index: int) -> bool: ...
 
     @property
     def table(self) -> pd.DataFrame: ...
@@ -63,9 +66,11 @@ def format_value(unit: str, value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:,.2f}"
 
 
-def _ratio_html(ratio: float, better: str) -> str:
+def _ratio_html(ratio: float, better: str, noise: bool = False) -> str:
     if ratio != ratio:
         return "<span style='color:#999'>–</span>"
+    if noise:  # the repeats' ranges overlap: no win, no loss
+        return f"<span style='color:#999;font-size:11px' title='within the repeats&#39; spread'>≈{ratio:,.2f}x</span>"
     color = "#666"
     if better and abs(ratio - 1) > 0.02:
         good = (ratio > 1) == (better == "higher")
@@ -94,11 +99,17 @@ def summary_html(cmp: Compared) -> str:
         cells = []
         for i, label in enumerate(cmp.labels):
             text = html.escape(format_value(m.unit, table.at[m.key, label]))
+            spread = cmp.spreads[i].get(m.key) if len(cmp.spreads) > i else None
+            if spread is not None and spread[0] != spread[1]:
+                lo, hi = (html.escape(format_value(m.unit, v)) for v in spread)
+                text += f" <span style='color:#888;font-size:11px'>({lo}–{hi})</span>"
             if i:
-                text += " " + _ratio_html(table.at[m.key, f"{label} / {first}"], m.better)
+                text += " " + _ratio_html(table.at[m.key, f"{label} / {first}"], m.better, cmp.within_noise(m.key, i))
             cells.append(f"<td style='text-align:right;padding:1px 10px'>{text}</td>")
         rows.append(f"<tr><td style='padding:1px 10px 1px 0'>{html.escape(m.name)}</td>{''.join(cells)}</tr>")
     note = f"ratios: each run over {html.escape(first)}; green is better, red worse"
+    if cmp.spreads:
+        note += "; (lo–hi): the repeats' range, the value their median; ≈: within that range, neither"
     return (f"{warnings_html(cmp)}<table class='kvs-compare-table' style='border-collapse:collapse;{FONT}'>"
             f"<tr><th style='text-align:left'>metric</th>{head}</tr>{''.join(rows)}</table>"
             f"<div style='{FONT};color:#666;font-size:11px'>{note}</div>")

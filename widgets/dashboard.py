@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from bokeh.document import Document
 from bokeh.models import CustomJS
 
+from .bokehjs import ensure_bokehjs
 from .feed import Feed, Tick
 from .panels.base import DEFAULT_ROLLOVER, Panel
 from .panels.registry import apply_tick, build_panels
@@ -51,23 +52,8 @@ from .stats import LatencyStats
 from .transport import ACK_JS, Pacer, PatchBatcher, SerializingSink
 
 if TYPE_CHECKING:  # view.py brings ipywidgets and jupyter_bokeh: imported when first shown
+    from .panels.report_parts import RecordedRun
     from .view import Control, DashboardView
-
-_bokehjs_loaded = False
-
-
-def ensure_bokehjs() -> None:
-    """Load BokehJS into the notebook page once (inline, works offline). Without it JupyterLab
-    cannot create jupyter_bokeh's views ("Failed to create view for 'BokehView'")."""
-    global _bokehjs_loaded
-    if _bokehjs_loaded:
-        return
-    from bokeh.io import output_notebook
-    from bokeh.resources import INLINE
-
-    output_notebook(INLINE, hide_banner=True)
-    _bokehjs_loaded = True
-
 
 class Dashboard:
     """All panels, fed by ``feed`` and ticked by ``tick()`` or a background thread (``start``)."""
@@ -90,6 +76,7 @@ class Dashboard:
     ) -> None:
         self.feed = feed or Feed()
         self.control = control
+        self.meta = meta if meta is not None else {}  # filled in place by a live run (held, not copied)
         self.refresh_hz = refresh_hz
         self.headless = headless
         self.extra_controls = extra_controls or []  # more widgets for the header (a replay's slider)
@@ -194,7 +181,6 @@ class Dashboard:
         if self.view is None:
             from .view import DashboardView
 
-            ensure_bokehjs()
             with self._lock:
                 self.view = DashboardView(self.panels, self._lock, control=self.control, refresh_hz=self.refresh_hz,
                                           on_refresh=self.set_refresh, extra_controls=self.extra_controls,
@@ -203,15 +189,28 @@ class Dashboard:
             self._show_status()
         return self.view.box
 
+    def offer_replay(self, run: RecordedRun) -> None:
+        """Once a live run is over (any thread): a step slider in the header that shows the page map at
+        any recorded step of ``run`` (the whole run), as a replay's does."""
+        if self.headless or not run.records or "page_map" not in self.panel:
+            return
+        from .page_map_slider import PageMapSlider
+
+        slider = PageMapSlider(run)
+        slider.attach(self.panel["page_map"], self._lock)
+        with self._lock:
+            self.extra_controls.append(slider.widget)
+            if self.view is not None:
+                self.view.add_control(slider.widget)
+
     def status_parts(self) -> list[str]:
-        """What the status line says: the run's status (or "replay"), the step shown, requests
-        finished, and an error that ended the update thread."""
+        """What the status line says: the run's status (or "replay") and an error that ended the update
+        thread. No step or count: those are the tiles', which reach the browser with the plots (a status
+        line of its own ran ahead of them: "step 77" over a step tile of 59)."""
         parts = [self.control.status_text if self.control is not None else "replay"]
-        page_map = self.panel.get("page_map")
-        step = page_map.step if page_map is not None else None
-        if step is not None:
-            parts.append(f"step {step}")
-        parts.append(f"{self.stats.num_finished}/{self.stats.num_requests} requests finished")
+        simulated = self.meta.get("simulated")
+        if isinstance(simulated, dict):  # nobody should take a simulation for a measurement
+            parts.insert(0, f"SIMULATED ({simulated.get('step_model_from') or 'step-time model'}; no model ran)")
         if self.error is not None:
             parts.append(f"dashboard error: {self.error!r}")
         return parts
@@ -226,6 +225,7 @@ class Dashboard:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         """Each display makes a new view of every widget: the widgets hold their patches until the
         browser reports it (``transport.ViewGate``; the first display's view is awaited from the start)."""
+        ensure_bokehjs()  # before the widget's output: this page may be new (a reload; bokehjs.py)
         widget = self.widget
         if self._displays:
             for model in self.view.models:

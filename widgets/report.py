@@ -25,7 +25,6 @@ import html
 import os
 from pathlib import Path
 
-import ipywidgets as w
 from bokeh.embed import file_html
 from bokeh.layouts import column
 from bokeh.models import Div
@@ -35,12 +34,27 @@ from kvscope.utils.files import atomic_write
 
 from .dashboard import Dashboard
 from .feed import Feed
+from .page_map_slider import PageMapSlider
 from .panels.registry import PANELS, apply_tick, build_panels, report_rows
 from .panels.report_parts import RecordedRun, ReportContext
 from .panels.requests_table import RequestsTable, request_texts
 from .stats import LatencyStats
 
 __all__ = ["RecordedRun", "Replay", "build_report", "save_html", "show"]
+
+def _simulated(meta: dict) -> dict | None:
+    simulated = meta.get("simulated")
+    return simulated if isinstance(simulated, dict) else None
+
+
+def run_title(meta: dict) -> str:
+    """The report's title: a simulated run says so, and how its step times were made."""
+    simulated = _simulated(meta)
+    if simulated is None:
+        return "kvscope run"
+    how = simulated.get("step_model_from") or "a step-time model"
+    return f"kvscope simulation — SIMULATED, not measured (kvscope simulate; step times: {how})"
+
 
 def _header(run: RecordedRun) -> Div:
     meta = run.meta
@@ -63,7 +77,7 @@ def _header(run: RecordedRun) -> Div:
         ("peak KV blocks used", fmt("peak_block_usage", ".1%")), ("preemptions", count("preemptions")),
     ]
     items = " · ".join(f"<b>{k}</b> {v}" for k, v in facts)
-    return Div(text=f"<h2 style='font-family:sans-serif;margin:4px 0'>kvscope run</h2>"
+    return Div(text=f"<h2 style='font-family:sans-serif;margin:4px 0'>{html.escape(run_title(run.meta))}</h2>"
                     f"<div style='font-family:sans-serif;font-size:13px'>{items}</div>", width=1000)
 
 
@@ -81,41 +95,27 @@ def build_report(run: RecordedRun):
 
 def save_html(run: RecordedRun, path: str | os.PathLike) -> Path:
     """Write the report of ``run`` to ``path`` atomically; returns the path."""
-    title = f"kvscope · {run.meta.get('model', 'run')}"
+    title = f"kvscope · {run.meta.get('model', 'run')}" + (" · SIMULATED" if _simulated(run.meta) else "")
     page = file_html(build_report(run), resources=INLINE, title=title)
     return atomic_write(path, lambda f: f.write(page))
 
 
 class Replay:
-    """A finished run's dashboard plus a page-map step slider."""
+    """A finished run's dashboard plus a page-map step slider (``page_map_slider.PageMapSlider``)."""
 
     def __init__(self, run: RecordedRun) -> None:
         self.run = run
         meta = dict(run.meta)
         meta.setdefault("t0_ns", run.t0_ns)
-        steps = [r.step for r in run.records if r.page_map_full]
-        first = steps[0] if steps else 0
-        last = run.records[-1].step if run.records else 0
-        self.slider = w.IntSlider(value=last, min=first, max=last, description="page map at step",
-                                  continuous_update=False, style={"description_width": "120px"},
-                                  layout=w.Layout(width="420px"), disabled=not steps)
+        self.page_map_slider = PageMapSlider(run)
+        self.slider = self.page_map_slider.widget
         self.dashboard = Dashboard(Feed.of(run.records, run.events), meta=meta, rollover=None,
                                    extra_controls=[self.slider])
+        self.page_map_slider.attach(self.dashboard.panel["page_map"], self.dashboard._lock)
         self.dashboard.tick(final=True)
-        self.slider.observe(lambda change: self.show_step(change["new"]), names="value")
 
     def show_step(self, step: int) -> None:
-        entries = self.run.page_map_at(step)
-        dash = self.dashboard
-        page_map = dash.panel["page_map"]
-        with dash._lock:
-            doc = page_map.model.document
-            doc.hold("combine")
-            try:
-                page_map.show_entries(entries)
-                page_map.step = step
-            finally:
-                doc.unhold()
+        self.page_map_slider.show_step(step)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)

@@ -12,7 +12,17 @@ from typing import Any
 
 import ipywidgets as w
 
+from .bokehjs import ensure_bokehjs
 from .compare_table import summary_html
+
+
+class _SweepBox(w.VBox):
+    """The sweep's layout; each display loads BokehJS first where the page may be new (``bokehjs``): the
+    dashboards it holds are Bokeh widgets."""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
+        ensure_bokehjs()
+        return super()._repr_mimebundle_(**kwargs)
 
 
 class SweepView:
@@ -21,7 +31,7 @@ class SweepView:
         self.status = w.HTML()
         self.table = w.HTML()
         self.current = w.Box()
-        self.box = w.VBox([self.status, self.table, self.current])
+        self.box = _SweepBox([self.status, self.table, self.current])
         self._shown = None  # the LiveRun whose dashboard is in ``current``
         sweep.listeners.append(self.refresh)
         self.refresh(sweep)

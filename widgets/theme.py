@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter, PrintfTickFormatter, TickFormatter
+from bokeh.models import (
+    AdaptiveTicker,
+    Axis,
+    ColumnDataSource,
+    CustomJSTickFormatter,
+    HoverTool,
+    TickFormatter,
+)
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
 
@@ -60,6 +67,8 @@ def new_figure(title: str, width: int = HALF_WIDTH, height: int = HEIGHT, **kwar
         **kwargs,
     )
     fig.toolbar.logo = None
+    if kwargs.get("x_axis_label") == "step":  # steps are whole numbers
+        format_axis(fig.xaxis[0], COUNT)
     fig.title.text_font_size = "12px"
     fig.xaxis.axis_label_text_font_size = "11px"
     fig.yaxis.axis_label_text_font_size = "11px"
@@ -93,18 +102,52 @@ def style_legend(fig: figure, ncols: int = 3) -> None:
 
 
 # A tick / hover format: a NumeralJS format ("0%", "0,0") or TIMES, a multiple ("42.0x"), which is how
-# the static reservation reads (times the KV pool, rather than thousands of percent).
+# the static reservation reads (times the KV pool, rather than thousands of percent). Axes do not use
+# the NumeralJS format as it is ("0%" reads 0.1%, 0.2%, 0.3% as "0% 0% 0%"): ``tick_formatter`` gives
+# each axis as many decimals as its tick spacing needs, and counts get whole-number ticks only.
 TIMES = "x"
+SHARE = "0%"
+COUNT = "0,0"  # requests, tokens, steps: ticks at whole numbers only
+AMOUNT = "0,0.[00]"  # MiB, ms
+
+# The labels of one axis with as many decimals as the spacing of its ticks needs (more while two read
+# the same): 0.1% 0.2% 0.3%, 0.00x 0.01x 0.02x, 0 25% 50%. Bokeh calls it per tick with every tick.
+ADAPTIVE_TICKS_JS = """
+const all = Array.from(ticks);
+let spacing = Infinity;
+for (let i = 1; i < all.length; i++) { const d = Math.abs(all[i] - all[i - 1]); if (d > 0) spacing = Math.min(spacing, d); }
+let digits = isFinite(spacing) ? Math.max(0, Math.ceil(-Math.log10(spacing * scale) - 1e-9)) : 0;
+const text = (v, n) => (v * scale).toLocaleString("en-US", {minimumFractionDigits: n, maximumFractionDigits: n,
+                                                            useGrouping: grouping});
+while (digits < 12 && new Set(all.map(t => text(t, digits))).size < new Set(all).size) digits++;
+return text(tick, digits) + suffix;
+"""
 
 
 def tick_formatter(fmt: str) -> TickFormatter:
-    """The axis formatter of a format (see ``TIMES``)."""
-    return PrintfTickFormatter(format="%.1fx") if fmt == TIMES else NumeralTickFormatter(format=fmt)
+    """The axis formatter of a format (see ``TIMES``): distinct labels at every range."""
+    scale, suffix = (100.0, "%") if fmt == SHARE else (1.0, "x") if fmt == TIMES else (1.0, "")
+    return CustomJSTickFormatter(code=ADAPTIVE_TICKS_JS,
+                                 args={"scale": scale, "suffix": suffix, "grouping": fmt != SHARE})
+
+
+def integer_ticker() -> AdaptiveTicker:
+    """Ticks at whole numbers only (counts: a range of 0-1 requests reads 0 1, not 0 0 0 1 1 1)."""
+    return AdaptiveTicker(min_interval=1, num_minor_ticks=0)
+
+
+def format_axis(axis: Axis, fmt: str) -> None:
+    """``axis`` in a format: its formatter, and for counts its ticker."""
+    axis.formatter = tick_formatter(fmt)
+    if fmt == COUNT:
+        axis.ticker = integer_ticker()
 
 
 def hover_value(field: str, fmt: str) -> str:
     """A hover tooltip's value of ``field`` in a format (see ``TIMES``)."""
-    return f"@{{{field}}}{{0.0}}x" if fmt == TIMES else f"@{{{field}}}{{{fmt}}}"
+    if fmt == TIMES:
+        return f"@{{{field}}}{{0.0[0]}}x"
+    return f"@{{{field}}}{{{'0.[00]%' if fmt == SHARE else fmt}}}"  # a share to the hundredth of a percent
 
 
 def add_hover(fig: figure, tooltips: list[tuple[str, str]], mode: str = "mouse", renderers=None) -> None:

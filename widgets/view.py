@@ -107,7 +107,8 @@ class DashboardView:
         self.buttons: tuple[w.Button, ...] = ()
         self.status = w.HTML(layout=w.Layout(margin="0 0 0 12px"))
         controls = [*self._run_controls(refresh_hz, on_refresh), *extra_controls]
-        header = w.HBox([*controls, self.status], layout=w.Layout(align_items="center"))
+        header = w.HBox([*controls, self.status], layout=w.Layout(align_items="center", flex_flow="row wrap"))
+        self.header = header
         wrap = w.Layout(flex_flow="row wrap")  # side-by-side panels stack when the output area is narrow
         rows = [w.HBox([by_name[n] for n in row], layout=wrap) for row in rows or ROWS
                 if all(n in by_name for n in row)]
@@ -160,6 +161,10 @@ class DashboardView:
         pause.on_click(on_pause)
         self.buttons = (stop, pause)
         return [stop, pause, refresh]
+
+    def add_control(self, control: w.Widget) -> None:
+        """One more control in the header, before the status line (a finished run's replay slider)."""
+        self.header.children = (*self.header.children[:-1], control, self.status)
 
     def show_status(self, parts: Sequence[str]) -> None:
         """Show ``parts`` (plain text, escaped here) as the status line; once the run is over, disable

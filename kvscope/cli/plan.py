@@ -9,7 +9,8 @@ import os
 
 from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
-from kvscope.options.run import block_size, nonneg_size, positive_int, size
+from kvscope.options.run import block_size, positive_int
+from kvscope.options.values import memory_size, nonneg_memory_size
 from kvscope.planning.planner import (
     KNOWN_MODELS,
     ModelShape,
@@ -53,10 +54,10 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--dtype", default="fp16", choices=("fp32", "fp16", "bf16", "fp8"),
                        help="KV (and weights) element type (default fp16)")
     mem = parser.add_argument_group("memory")
-    mem.add_argument("--gpu-mem", type=size, default=None, metavar="SIZE", help="GPU memory, e.g. 40GiB or 80GB")
-    mem.add_argument("--weights", type=nonneg_size, default=None, metavar="SIZE",
+    mem.add_argument("--gpu-mem", type=memory_size, default=None, metavar="SIZE", help="GPU memory, e.g. 40GiB or 80GB")
+    mem.add_argument("--weights", type=nonneg_memory_size, default=None, metavar="SIZE",
                      help="weights size (default: the known parameter count x dtype bytes)")
-    mem.add_argument("--reserve", type=nonneg_size, default=0, metavar="SIZE",
+    mem.add_argument("--reserve", type=nonneg_memory_size, default=0, metavar="SIZE",
                      help="activations and runtime reserve (default 0)")
     lens = parser.add_argument_group("lengths")
     lens.add_argument("--max-len", type=positive_int, default=2048, help="maximum sequence length (default 2048)")

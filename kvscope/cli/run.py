@@ -2,8 +2,8 @@
 runs the same way, ``kvscope.cli.demo``).
 
 The engine steps on a ``LiveRun``'s background thread (no dashboard); the main thread only watches its
-records to move a tqdm bar (output tokens, tokens/s, running/waiting, KV usage), so Ctrl-C stops the run
-cleanly at a step boundary and the files are still written.
+records to move a tqdm bar (finished requests; output tokens, running/waiting, KV usage), so Ctrl-C stops
+the run cleanly at a step boundary and the files are still written.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
-from kvscope.cli.paths import check_output
+from kvscope.cli.paths import check_output, output_folder
 from kvscope.cli.signals import signal_number, stop_signals, wait_until_done
 from kvscope.options.run import CLI, OptionError, add_run_options
 from kvscope.runs.spec import OUTPUT_KINDS, OutputSpec, RunSpec
@@ -45,12 +45,14 @@ _SUFFIXES = {"html": ".html", "trace": ".trace.json", "metrics": ".metrics.jsonl
 def output_paths(args: argparse.Namespace, default_name: str) -> dict[str, Path]:
     """trace / metrics / html paths from ``--out PREFIX`` and the per-file overrides (those were checked by
     their option's parser; the paths made from PREFIX are checked here). A PREFIX that is a folder, or ends
-    in a separator, puts the files inside it under ``default_name``."""
+    in a separator, puts the files inside it under ``default_name``. The PREFIX's folder is made if it is the
+    only one missing (``--out runs/a`` without ``runs/``; ``output_folder``)."""
     prefix = Path(args.out).expanduser()
     if args.out.endswith(("/", os.sep)) or prefix.is_dir():
-        if not prefix.is_dir():
-            raise CLIError(f"the folder {args.out!r} given as --out does not exist; create it or give a prefix")
+        output_folder(prefix, "--out", getattr(args, "quiet", False))
         prefix = prefix / default_name
+    else:
+        output_folder(prefix.parent, "--out", getattr(args, "quiet", False))
     paths = {kind: f"{prefix}{suffix}" for kind, suffix in _SUFFIXES.items()}
     for kind in paths:
         if getattr(args, kind, None):
@@ -75,19 +77,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return execute(setup, title=f"kvscope run · {setup.model}", quiet=args.quiet)
 
 
-def execute(setup, *, title: str, quiet: bool) -> int:
+def execute(setup, *, title: str, quiet: bool, watch=None) -> int:
     """Run a checked ``RunSetup`` to the end with a progress bar, write the files, print the summary; the
     exit code.
 
     SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
-    boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129)."""
+    boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129).
+    ``watch(run, quiet)`` follows the run from this thread (default: a bar of output tokens)."""
     from kvscope.runs.live import LiveRun
 
+    if not quiet:
+        for note in setup.notes:  # lines of --prompts skipped, ...
+            _say(note)
     run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=False)
     stopped_by = None
     with stop_signals():
         try:
-            _watch(run.start(), quiet)
+            (watch or _watch)(run.start(), quiet)
         except KeyboardInterrupt as exc:
             stopped_by = signal_number(exc)
             run.stop()
@@ -145,8 +151,9 @@ _HOW_TO_OPEN = {"html": "report: open in a browser, works offline",
 
 
 def _watch(run, quiet: bool) -> None:
-    """Follow the run from the main thread: a tqdm bar of output tokens once the model is loaded."""
-    bar, seen, shown_loading = None, 0, False
+    """Follow the run from the main thread: a tqdm bar of finished requests (a total known from the start:
+    output tokens are not, as EOS ends requests early) once the model is loaded; tokens in its postfix."""
+    bar, seen, tokens, shown_loading = None, 0, 0, False
     try:
         while not run.done:
             time.sleep(0.1)
@@ -159,24 +166,23 @@ def _watch(run, quiet: bool) -> None:
                 if bar is None and run.status is RunStatus.RUNNING and run.workload:
                     from tqdm.auto import tqdm
 
-                    total = sum(item.params.max_tokens for item in run.workload)
-                    bar = tqdm(total=total, unit="tok", desc=f"{len(run.workload)} requests", dynamic_ncols=True)
+                    bar = tqdm(total=len(run.workload), unit="req", desc="requests", dynamic_ncols=True)
                 records = run.records
                 if bar is None or len(records) <= seen:
                     continue
                 new = records[seen:]
                 seen = len(records)
                 last = new[-1]
-                bar.update(sum(r.num_output_tokens for r in new))
-                bar.set_postfix_str(f"running {last.num_running}, waiting {last.num_waiting}, "
+                tokens += sum(r.num_output_tokens for r in new)
+                bar.update(sum(r.num_finished for r in new))
+                bar.set_postfix_str(f"{tokens} tok out, running {last.num_running}, waiting {last.num_waiting}, "
                                     f"KV {last.kv.block_usage:.0%}", refresh=False)
             except OSError:  # a hung-up terminal (SIGHUP): stop showing, go on watching
                 quiet = True
     finally:
         if bar is not None:
             with suppress(OSError):  # a hung-up terminal (SIGHUP)
-                if run.done:  # requests that stopped at EOS never reach their maximum
-                    bar.total = bar.n
+                bar.update(max(0, run.num_finished - bar.n))  # aborted at the end: no step record says so
                 bar.refresh()
                 bar.close()
 

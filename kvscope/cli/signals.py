@@ -6,10 +6,11 @@ signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP)."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 
@@ -54,3 +55,23 @@ def wait_until_done(run: Any) -> None:
             time.sleep(0.05)
         except StopSignal:
             continue
+
+
+@contextmanager
+def files_first(what: str) -> Iterator[None]:
+    """While the block writes ``what`` after a stop, SIGINT, SIGTERM and SIGHUP only say so (the files of
+    what finished are the point of stopping: another Ctrl-C must not lose them). Main thread only."""
+    previous = {}
+
+    def say(signum: int, frame: Any) -> None:
+        with suppress(OSError):
+            print(f"kvscope: {signal.Signals(signum).name}: writing {what} first", file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), say)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,18 +1,26 @@
 """``kvscope sweep``: the same seeded workload once per value of one run option (``kvscope.runs.sweep``), a line
-per run as it ends, then the comparison page and its CSV (``kvscope.cli.compare.write_comparison``)."""
+per run as it ends, then the comparison page and its CSV (``kvscope.cli.compare.write_comparison``).
+
+SIGINT (Ctrl-C), SIGTERM and SIGHUP stop a sweep alike, as ``kvscope run``: the run going is stopped, the
+comparison of the runs that finished is written, a line says so, and the exit code is 128 + the signal's
+number; a second Ctrl-C writes it at once, without waiting for the run going to wind down."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 from kvscope.cli.command import Command
 from kvscope.cli.compare import write_comparison
 from kvscope.cli.parser import CLIError
 from kvscope.cli.paths import check_output, different
+from kvscope.cli.signals import files_first, signal_number, stop_signals, wait_until_done
 from kvscope.options.run import CLI, OptionError
+from kvscope.options.simulate import add_simulate_options
 from kvscope.options.sweep import add_sweep_options
 from kvscope.utils.files import check_outputs
 
@@ -29,6 +37,7 @@ kvscope-sweep.html) and the summary as CSV (--csv, default: the -o path with .cs
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     add_sweep_options(parser, CLI)
+    add_simulate_options(parser, switch=True)
     out = parser.add_argument_group("outputs")
     out.add_argument("-o", "--output", default="kvscope-sweep.html", metavar="HTML",
                      help="the comparison page (default kvscope-sweep.html)")
@@ -46,30 +55,56 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                       {"-o": output, "--csv": csv})
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    from kvscope.runs.comparison import Comparison
     from kvscope.runs.sweep import Sweep, plan_from_args  # here: they bring torch
 
     try:
         plan = plan_from_args(args)
     except OptionError as exc:
         raise CLIError(str(exc)) from None
-    sweep = Sweep(plan).start()
-    interrupted = False
-    try:
-        _follow(sweep, args.quiet)
-    except KeyboardInterrupt:
-        interrupted = True
-        sweep.stop()
-        sweep.wait()
-        if not sweep.runs:
-            raise
+    sweep = Sweep(plan)
+    stopped_by = None
+    with stop_signals():
+        try:
+            _follow(sweep.start(), args.quiet)
+        except KeyboardInterrupt as exc:
+            stopped_by = _stop(sweep, signal_number(exc))
     if not sweep.runs:
+        if stopped_by is not None:
+            _say(f"stopped by {signal.Signals(stopped_by).name} before any run of the sweep finished: nothing written")
+            return 128 + stopped_by
         label, exc = next(iter(sweep.errors.items()))
         raise CLIError(f"no run of the sweep finished; {label}: {type(exc).__name__}: {exc}", code=1)
-    write_comparison(sweep, output, csv, args.quiet)
-    if interrupted:
-        print("interrupted: the comparison holds the runs that finished", flush=True)
-        return 130
+    n = len(sweep.labels)  # appended last: the runs finished so far (the sweep may still be winding down)
+    cmp = sweep if stopped_by is None else Comparison(sweep.runs[:n], sweep.labels[:n],
+                                                      (sweep.plan.dest, sweep.swept[1][:n]))
+    try:
+        with files_first("the comparison") if stopped_by is not None else nullcontext():
+            write_comparison(cmp, output, csv, args.quiet)
+    except OSError:  # a hung-up terminal (SIGHUP): the files are written all the same
+        if stopped_by is None:
+            raise
+    if stopped_by is not None:
+        how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {signal.Signals(stopped_by).name}"
+        _say(f"{how}: the comparison holds the {len(cmp.runs)} of {len(plan.values)} runs that finished")
+        return 128 + stopped_by
     return 1 if sweep.errors else 0
+
+
+def _stop(sweep, signum: int) -> int:
+    """Stop the sweep after SIGINT / SIGTERM / SIGHUP and wait for the run going to end; another SIGTERM /
+    SIGHUP changes nothing, a second Ctrl-C stops waiting (the runs finished so far are kept either way)."""
+    with suppress(KeyboardInterrupt):
+        sweep.stop()
+        _say(f"kvscope: {signal.Signals(signum).name}: stopping the sweep and writing the comparison of the "
+             "runs that finished (Ctrl-C again to write it at once)")
+        wait_until_done(sweep)
+    return signum
+
+
+def _say(text: str) -> None:
+    with suppress(OSError):  # a hung-up terminal
+        print(text, file=sys.stderr, flush=True)
 
 
 def _follow(sweep, quiet: bool) -> None:

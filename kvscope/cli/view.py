@@ -82,7 +82,7 @@ def cmd_view_perfetto(args: argparse.Namespace) -> int:
         print(f"Perfetto UI with {source.name}: {server.url}", flush=True)
         print("(served from this machine only, no internet needed; Ctrl-C to stop)", flush=True)
         if not args.no_browser:
-            webbrowser.open(server.url)
+            webbrowser.open(server.launch_url)  # one-time: the trace's path stays off command lines
         try:
             while True:
                 time.sleep(3600)

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,23 +28,26 @@ from kvscope.engine.worker.model_runner import ModelRunner
 from kvscope.kernels import resolve_backend
 from kvscope.models.loader import load_model
 from kvscope.models.probe import probe_model
+from kvscope.utils.clock import WALL_CLOCK, Clock
 
 
 @dataclass(slots=True)
 class EngineParts:
     """What ``build_parts`` made; the engine keeps each as an attribute of the same name."""
 
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None: a simulation's worker needs no model
     tokenizer: Any
     model_name: str
     spec: ModelSpec  # spec.max_model_len: the engine's (EngineConfig.max_model_len checked)
     fused_linears: Any
     kv_config: KVCacheConfig | None
-    runner: ModelRunner
+    runner: ModelRunner  # or a model-free worker with the same methods (kvscope.sim.worker)
     pool: BlockPool
     kv: KVCacheManager
     scheduler: Scheduler
     speculator: Speculator | None
+    clock: Clock = WALL_CLOCK  # a simulation's is virtual
+    extra_meta: dict[str, Any] = field(default_factory=dict)  # added to the run metadata
 
 
 def build_parts(model: str | torch.nn.Module, tokenizer: Any, config: EngineConfig,

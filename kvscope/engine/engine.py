@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from functools import partial, wraps
+from functools import wraps
 from typing import Any, TypeVar
 
 import torch
 
-from kvscope.engine.build import build_parts
+from kvscope.engine.build import EngineParts, build_parts
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.generate import GenerateMixin, Prompt
+from kvscope.engine.pd_hook import make_pd_engine
+from kvscope.engine.profiling import ProfilingMixin
 from kvscope.engine.request import (
     Request,
     RequestOutput,
@@ -26,14 +27,13 @@ from kvscope.engine.request import (
     next_request_id,
     rejected_request,
 )
-from kvscope.engine.source import EngineSource, StepClock, make_recorder, run_metadata, wrap_backend
+from kvscope.engine.source import EngineSource, StepClock, make_recorder, run_metadata
 from kvscope.engine.validation import prompt_ids, resolve_device
 from kvscope.engine.worker.model_input import ModelInput
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import NULL_MARKS, PhaseMarks, StepRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
-
 
 def _locked(method: F) -> F:
     """Run ``method`` holding the engine's lock (see ``Engine``: one thread inside at a time)."""
@@ -46,7 +46,7 @@ def _locked(method: F) -> F:
     return locked  # type: ignore[return-value]
 
 
-class Engine(GenerateMixin):
+class Engine(GenerateMixin, ProfilingMixin):
     """A paged-KV inference engine around an unchanged HuggingFace causal LM.
 
     ``Engine("tiny")``, ``Engine("smollm2")``, ``Engine("path/to/folder")`` or ``Engine(model, tokenizer=tok)``;
@@ -58,22 +58,37 @@ class Engine(GenerateMixin):
     batched together) and both finish, rather than one waiting for the other's whole call.
     """
 
+    def __new__(cls, *args: Any, pd: str | None = None, **kwargs: Any):
+        """``pd="1P1D"`` (``"2P1D"``, ...): a ``kvscope.pd.PDEngine`` instead, with the same arguments."""
+        return super().__new__(cls) if pd is None else make_pd_engine(*args, pd=pd, **kwargs)
+
     def __init__(self, model: str | torch.nn.Module = "tiny", tokenizer=None, *, config: EngineConfig | None = None,
-                 **kwargs) -> None:
+                 pd: None = None, **kwargs) -> None:
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
-        self.config, self._lock = config, threading.RLock()
-        self.device = resolve_device(config.device)
+        device = resolve_device(config.device)
         # the model (loaded, probed, moved), its spec, runner, KV pool, scheduler and speculator (build.py)
-        p = build_parts(model, tokenizer, config, self.device)
+        self._adopt(build_parts(model, tokenizer, config, device), config, device)
+
+    @classmethod
+    def from_parts(cls, parts: EngineParts, config: EngineConfig, device: torch.device | None = None) -> Engine:
+        """An engine around parts built elsewhere: the simulator's (``kvscope.sim``), whose worker has no model
+        and whose clock is virtual. The loop, scheduler, KV cache and telemetry are this class's own."""
+        engine = cls.__new__(cls)
+        engine._adopt(parts, config, device)
+        return engine
+
+    def _adopt(self, p: EngineParts, config: EngineConfig, device: torch.device | None) -> None:
+        self.config, self._lock, self.device, self.clock = config, threading.RLock(), device, p.clock
         self.model, self.tokenizer, self.model_name, self.spec = p.model, p.tokenizer, p.model_name, p.spec
         self.fused_linears, self.kv_config, self.runner, self.pool = p.fused_linears, p.kv_config, p.runner, p.pool
         self.kv, self.scheduler, self.speculator = p.kv, p.scheduler, p.speculator
+        self.extra_meta = p.extra_meta  # what the run metadata adds (a simulation says so)
         self.max_model_len = self.spec.max_model_len
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.phase_marks: PhaseMarks = NULL_MARKS  # a Profiler window's, while one is open
         self.recorder: Recorder | None = None
         if config.telemetry:
-            self.recorder = make_recorder(self.run_metadata(), self.device, self.pool)
+            self.recorder = make_recorder(self.run_metadata(), device, self.pool, self.clock)
         # the engine as a telemetry source (source.py): events and records, and the step index
         self.source = EngineSource(self.recorder, self.scheduler, self.speculator, config.block_size)
 
@@ -97,8 +112,9 @@ class Engine(GenerateMixin):
     @_locked
     def run_metadata(self) -> dict:
         """What a saved run needs to be read without the engine (all JSON values; docs/telemetry.md)."""
-        return run_metadata(self.model_name, self.config, self.spec, self.runner, self.device, self.model,
+        meta = run_metadata(self.model_name, self.config, self.spec, self.runner, self.device, self.model,
                             self.speculator)
+        return {**meta, **self.extra_meta}
 
     # ---- requests --------------------------------------------------------------------------------
     @_locked
@@ -113,7 +129,7 @@ class Engine(GenerateMixin):
         ids, text = prompt_ids(prompt, self.tokenizer, self.spec.vocab_size, self.max_model_len)
         request_id = request_id or next_request_id()
         self._check_id_free(request_id)
-        return Request(request_id, ids, params, prompt=text, arrival_time=time.perf_counter())
+        return Request(request_id, ids, params, prompt=text, arrival_time=self.clock.now_ns() / 1e9)
 
     def _check_id_free(self, request_id: str) -> None:
         if request_id in self.requests:
@@ -184,7 +200,7 @@ class Engine(GenerateMixin):
         If the forward pass raises, every request of that batch ends with status ``error``, the
         blocks cached for it are forgotten, and the exception propagates; the engine stays usable.
         """
-        clock = StepClock(self.phase_marks)
+        clock = StepClock(self.phase_marks, self.clock)
         clock.phase("schedule")
         if self.speculator is not None:  # drafts for the requests that decode in this step
             self.speculator.propose(self.scheduler.running)
@@ -243,28 +259,6 @@ class Engine(GenerateMixin):
             if self.speculator is not None:
                 self.speculator.free(request.request_id)
         return deltas
-
-    @_locked
-    def set_phase_marks(self, marks: PhaseMarks | None) -> None:
-        """Report each step's phases to ``marks`` (``begin(phase)``, ``end(step)``), or to nobody
-        with ``None``. One observer at a time: ``RuntimeError`` while another has them."""
-        if marks is not None and self.phase_marks is not NULL_MARKS:
-            raise RuntimeError("a profiling window is already open on this engine")
-        self.phase_marks = marks if marks is not None else NULL_MARKS
-
-    @_locked
-    def profile(self, num_steps: int = 3, wait: int = 0, warmup: int = 1, **kwargs):
-        """Capture the next steps with torch.profiler: a started ``telemetry.profiler.Profiler``
-        (also a context manager); per-step kernel time by category lands in ``StepRecord.profile``."""
-        from kvscope.telemetry.profiler import Profiler
-
-        if self.recorder is None:
-            raise ValueError(
-                "profiling attaches its summaries to step records: create the engine with telemetry=True"
-            )
-        return Profiler(self.recorder, self.set_phase_marks, partial(wrap_backend, self.runner),
-                        cuda=self.device.type == "cuda", num_steps=num_steps, wait=wait, warmup=warmup,
-                        **kwargs).start()
 
     # ---- finishing ----------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> StreamDelta:

@@ -111,9 +111,38 @@ class GenerateMixin:
         finally:
             self._abort_own(requests)
 
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """``generate`` for conversations, as vLLM's ``LLM.chat``: ``messages`` is one conversation (a list of
+        ``{"role": ..., "content": ...}``) or a list of them; each is put through the tokenizer's chat template
+        (with the prompt for the assistant's turn) and generated from its token ids. ``ValueError`` when the
+        tokenizer has no chat template (a base model: use ``generate``)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [chat_prompt_ids(self.tokenizer, c) for c in conversations]
+        outputs = self.generate(prompts, params)
+        for out in outputs:  # the templated prompt, as vLLM's RequestOutput.prompt
+            out.prompt = self.tokenizer.decode(out.prompt_token_ids)
+        return outputs
+
     def _text_delta(self, request: Request, n: int, texts: list[str], i: int) -> str:
         if self.tokenizer is None:
             return ""
         text = self.decode(request.output_token_ids[:n])
         delta, texts[i] = text[len(texts[i]) :], text
         return delta
+
+
+def chat_prompt_ids(tokenizer, conversation: Sequence[dict]) -> list[int]:
+    """A conversation's token ids through ``tokenizer``'s chat template, ending with the assistant's turn to speak."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template (a base model?): use generate() with plain "
+                         "prompts, or give a tokenizer that has one")
+    if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
+        raise ValueError("a conversation is a non-empty list of {'role': ..., 'content': ...} messages")
+    ids = tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # transformers returns a BatchEncoding when asked for a dict
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]

@@ -9,6 +9,7 @@ record: the ``BatchSummary`` of its ``SchedulerOutput`` (``batch_summary``), the
 
 from __future__ import annotations
 
+import gc
 import platform
 import time
 from collections.abc import Callable
@@ -35,29 +36,49 @@ from kvscope.telemetry.records import (
     StepRecord,
     StepTimings,
 )
+from kvscope.utils.clock import WALL_CLOCK, Clock
 
 
 class StepClock:
     """A step's phase boundaries: ``phase(name)`` takes the time (for ``StepTimings``) and tells the
     profiler's marks that ``name`` begins; ``stop()`` only takes the time (a step that ran nothing)."""
 
-    __slots__ = ("marks", "times")
+    __slots__ = ("clock", "marks", "times")
 
-    def __init__(self, marks: PhaseMarks) -> None:
-        self.marks = marks
+    def __init__(self, marks: PhaseMarks, clock: Clock = WALL_CLOCK) -> None:
+        self.marks, self.clock = marks, clock
         self.times: list[int] = []
 
     def phase(self, name: str) -> None:
-        self.times.append(time.perf_counter_ns())
+        self.times.append(self.clock.now_ns())
         self.marks.begin(name)
 
     def stop(self) -> None:
-        self.times.append(time.perf_counter_ns())
+        self.times.append(self.clock.now_ns())
 
     def timings(self) -> StepTimings:
         """The step's ``StepTimings``, ending now; the phases it skipped repeat its last time."""
         t = self.times
-        return StepTimings(*t, *[t[-1]] * (5 - len(t)), time.perf_counter_ns())
+        return StepTimings(*t, *[t[-1]] * (5 - len(t)), self.clock.now_ns())
+
+
+class GcTimer:
+    """The time this process spends in the garbage collector, summed (a ``gc.callbacks`` entry; one per
+    process, installed by the first ``EngineSource`` that records): two clock reads per collection."""
+
+    __slots__ = ("_start", "total_ns")
+
+    def __init__(self) -> None:
+        self.total_ns = self._start = 0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter_ns()
+        else:
+            self.total_ns += time.perf_counter_ns() - self._start
+
+
+GC_TIMER = GcTimer()
 
 
 class EngineSource:
@@ -71,11 +92,15 @@ class EngineSource:
         self.recorder, self.scheduler, self.speculator = recorder, scheduler, speculator
         self.block_size = block_size
         self.step_index = 0
+        if recorder is not None and GC_TIMER not in gc.callbacks:
+            gc.callbacks.append(GC_TIMER)
+        self._gc_seen = GC_TIMER.total_ns  # GC time already counted in a record
 
     def event(self, kind: str, request: Request) -> None:
         if self.recorder is not None:
             self.recorder.request_event(kind, request.request_id, self.step_index, request.num_prompt_tokens,
-                                        request.num_output_tokens, request.finish_reason, request.error)
+                                        request.num_output_tokens, request.finish_reason, request.error,
+                                        prompt_token_ids=request.prompt_token_ids if kind == "queued" else None)
 
     def step_done(self, sched: SchedulerOutput, update: SchedulerUpdate | None, clock: StepClock) -> None:
         """A step is over: the events its tokens caused and its record, then the next step index.
@@ -109,6 +134,8 @@ class EngineSource:
             spec = self.speculator.stats(sched.scheduled_spec_decode_tokens, sched.requests, accepted,
                                          update.spec_freed if update is not None else {}, self.block_size)
         batch = batch_summary(self.step_index, sched, sampled, num_finished, accepted, spec)
+        gc_total = GC_TIMER.total_ns
+        batch.wait_reason, batch.gc_ns, self._gc_seen = self.scheduler.wait_reason, gc_total - self._gc_seen, gc_total
         return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
 
     def record_state(self) -> StepRecord | None:
@@ -118,7 +145,7 @@ class EngineSource:
         stats = self.scheduler.make_stats()
         if not self.recorder.state_changed(stats):
             return None
-        timings = StepTimings.instant(time.perf_counter_ns())
+        timings = StepTimings.instant(self.recorder.clock.now_ns())
         spec = self.speculator.stats({}, [], {}, {}, self.block_size) if self.speculator is not None else None
         record = self.recorder.record_step(BatchSummary(self.step_index, spec_decode=spec), timings, stats)
         self.step_index += 1  # a recorded step: keep step indices unique
@@ -187,16 +214,21 @@ def wrap_backend(runner: ModelRunner, wrap: Callable[[str, Callable], Callable])
     return restore
 
 
-def make_recorder(meta: dict[str, Any], device: torch.device, pool: BlockPool) -> Recorder:
-    """The engine's recorder (``meta``: ``run_metadata``), with a memory probe of ``device``, listening to
-    its block pool's events."""
-    recorder = Recorder(meta, MemoryProbe(device, meta["weights_bytes"], meta["kv_pool_bytes"]))
+def make_recorder(meta: dict[str, Any], device: torch.device | None, pool: BlockPool,
+                  clock: Clock = WALL_CLOCK) -> Recorder:
+    """The engine's recorder (``meta``: ``run_metadata``), with a memory probe of ``device`` (``None``: no
+    memory readings, a simulation's), stamping times from ``clock``, listening to its block pool's events."""
+    memory = MemoryProbe(device, meta["weights_bytes"], meta["kv_pool_bytes"]) if device is not None else None
+    recorder = Recorder(meta, memory, clock=clock)
     pool.listeners.append(recorder.block_event)
     return recorder
 
 
-def weights_bytes(model: torch.nn.Module) -> int:
-    """Parameters and buffers of ``model``, tied weights counted once."""
+def weights_bytes(model: torch.nn.Module | None, spec: ModelSpec | None = None) -> int:
+    """Parameters and buffers of ``model``, tied weights counted once; without a model (a simulation),
+    the spec's parameter count in its dtype."""
+    if model is None:
+        return spec.num_params * spec.dtype_bytes if spec is not None else 0
     tensors = [*model.parameters(), *model.buffers()]
     seen = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
     return int(sum(seen.values()))
@@ -208,7 +240,7 @@ def run_metadata(
     spec: ModelSpec,
     runner: ModelRunner,
     device: torch.device,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     speculator: Speculator | None = None,
 ) -> dict[str, Any]:
     """What a saved run needs to be read without the engine (all JSON values); the keys the
@@ -233,7 +265,7 @@ def run_metadata(
         "block_size": config.block_size,
         "device": str(device),
         "attention_backend": runner.backend.name,
-        "weights_bytes": weights_bytes(model),
+        "weights_bytes": weights_bytes(model, spec),
         "kv_pool_bytes": int(runner.kv_cache_bytes),
         # KV cache groups (kvscope.engine.core.kv_groups): layers per group, slots, padding, why a window is not freed
         "kv_cache_groups": runner.kv_config.describe(),

@@ -40,3 +40,43 @@ class MagicParser(OptionParser):
             return self.parse_args(argv)
         except OptionError as exc:
             raise UsageError(str(exc)) from None
+
+
+def launch(run, args: argparse.Namespace):
+    """Start a ``LiveRun`` made from a magic's line: show its dashboard (unless ``-q``), block with ``--wait``,
+    return it with ``-o`` (``%kvscope`` and ``%kvscope simulate`` alike)."""
+    run.start()
+    if not args.quiet:
+        from IPython.display import display
+
+        display(run)
+    if args.wait:
+        _wait(run, args.quiet)
+    return run if args.return_run else None
+
+
+def _wait(run, quiet: bool) -> None:
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        written = "".join(f"; {kind}: {path}" for kind, path in run.files.written.items())
+        print(f"interrupted: the run was stopped after {run.step} steps{written}")
+        return
+    except ValueError as exc:
+        if run.engine is None:  # the model or the configuration was refused: nothing ran
+            raise UsageError(str(exc)) from None
+        raise
+    if quiet:
+        return
+    s = run.summary() if run.records else {}
+    line = f"{run.status_text}: {run.num_submitted} requests, {run.step} steps"
+    if s.get("output_tokens_per_s") == s.get("output_tokens_per_s") and "output_tokens_per_s" in s:
+        line += f", {s['output_tokens_per_s']:.1f} output tokens/s"
+    for kind, path in run.files.written.items():
+        line += f"; {kind}: {path}"
+    for kind, why in run.files.errors.items():
+        line += f"; could not write {kind}: {why}"
+    failed = [o.error for o in run.outputs if o.finish_reason == "error"]
+    if failed:
+        line += f"; {len(failed)} request{'s' * (len(failed) > 1)} failed (first: {failed[0]})"
+    print(line)

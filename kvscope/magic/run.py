@@ -17,7 +17,7 @@ import argparse
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from kvscope.magic.base import HelpShown, MagicParser
+from kvscope.magic.base import HelpShown, MagicParser, launch
 from kvscope.options.run import MAGIC, OptionError, add_run_options
 from kvscope.runs.live import LiveRun
 from kvscope.runs.setup import prepare
@@ -60,6 +60,10 @@ class KVScopeMagics(Magics):
             from kvscope.magic.sweep import magic_sweep
 
             return magic_sweep(rest, cell)
+        if head == "simulate":  # %kvscope simulate --step-model step.json ... (kvscope.magic.simulate)
+            from kvscope.magic.simulate import magic_simulate
+
+            return magic_simulate(rest, cell)
         if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope.magic.watch)
             if cell is not None:
                 raise UsageError("%%kvscope watch takes no cell: use the line magic, %kvscope watch URL ...")
@@ -70,15 +74,7 @@ class KVScopeMagics(Magics):
             args = parse_line(line)
         except HelpShown:
             return None
-        run = build_run(args, cell)
-        run.start()
-        if not args.quiet:
-            from IPython.display import display
-
-            display(run)
-        if args.wait:
-            _wait(run, args.quiet)
-        return run if args.return_run else None
+        return launch(build_run(args, cell), args)
 
     kvscope.__doc__ = build_parser().format_help()  # what %kvscope? shows
 
@@ -95,39 +91,12 @@ def build_run(args: argparse.Namespace, cell: str | None = None) -> LiveRun:
                    dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
 
 
-def _wait(run: LiveRun, quiet: bool) -> None:
-    try:
-        run.wait()
-    except KeyboardInterrupt:
-        written = "".join(f"; {kind}: {path}" for kind, path in run.files.written.items())
-        print(f"interrupted: the run was stopped after {run.step} steps{written}")
-        return
-    except ValueError as exc:
-        if run.engine is None:  # the model or the configuration was refused: nothing ran
-            raise UsageError(str(exc)) from None
-        raise
-    if quiet:
-        return
-    s = run.summary() if run.records else {}
-    line = f"{run.status_text}: {len(run.workload)} requests, {run.step} steps"
-    if s.get("output_tokens_per_s") == s.get("output_tokens_per_s") and "output_tokens_per_s" in s:
-        line += f", {s['output_tokens_per_s']:.1f} output tokens/s"
-    for kind, path in run.files.written.items():
-        line += f"; {kind}: {path}"
-    for kind, why in run.files.errors.items():
-        line += f"; could not write {kind}: {why}"
-    failed = [o.error for o in run.outputs if o.finish_reason == "error"]
-    if failed:
-        line += f"; {len(failed)} request{'s' * (len(failed) > 1)} failed (first: {failed[0]})"
-    print(line)
-
-
 def load_ipython_extension(ipython) -> None:
     """Register the magics; in a notebook kernel also load BokehJS inline (offline-safe), which the
     dashboard's ``BokehModel`` widgets need in the page."""
     ipython.register_magics(KVScopeMagics)
     if getattr(ipython, "kernel", None) is not None:
-        from kvscope.widgets.dashboard import ensure_bokehjs
+        from kvscope.widgets.bokehjs import ensure_bokehjs
 
         ensure_bokehjs()
 

@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 
 from kvscope.magic.base import HelpShown, MagicParser
 from kvscope.options.run import MAGIC, OptionError, out_path
+from kvscope.options.simulate import add_simulate_options
 from kvscope.options.sweep import add_sweep_options
 from kvscope.runs.sweep import Sweep, plan_from_args
 
@@ -30,6 +31,7 @@ Examples::
 def build_parser() -> MagicParser:
     parser = MagicParser("%kvscope sweep", DESCRIPTION)
     add_sweep_options(parser, MAGIC)
+    add_simulate_options(parser, switch=True)
     out = parser.add_argument_group("outputs and display")
     out.add_argument("--html", type=out_path, default=None, metavar="PATH", help="write the comparison at the end")
     out.add_argument("--csv", type=out_path, default=None, metavar="PATH", help="write the summary as CSV at the end")

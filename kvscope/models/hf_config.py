@@ -102,9 +102,12 @@ def max_positions(text: Mapping[str, Any], default: int = 0) -> int:
 def sliding_layers(text: Mapping[str, Any], num_layers: int) -> tuple[int, int]:
     """(window, how many layers have it): ``layer_types`` where given (transformers 5), else Gemma 3's
     ``sliding_window_pattern`` (every n-th layer full), else every layer, unless ``use_sliding_window`` is
-    false (Qwen 2 keeps a window in its config that it does not use). (0, 0): no sliding window."""
+    false (Qwen 2 keeps a window in its config that it does not use) or at least as long as the positions
+    (Mistral's 4096 of 4096: it never bites, as the engine's probe finds). (0, 0): no sliding window."""
     window = text.get("sliding_window")
     if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
+        return 0, 0
+    if window >= max_positions(text, default=window + 1):
         return 0, 0
     types = text.get("layer_types")
     pattern = text.get("sliding_window_pattern")

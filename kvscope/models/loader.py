@@ -172,3 +172,12 @@ def load_model(
             f"folder, and {why}. Pass a folder with config.json and weights, or download it first."
         ) from None
     return model.eval(), tokenizer, name
+
+
+def load_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase | None:
+    """A model folder's tokenizer alone (no weights: what a simulation needs), or None when it has none."""
+    try:
+        with _quiet_progress_bars():
+            return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError):
+        return None

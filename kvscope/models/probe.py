@@ -19,7 +19,11 @@ the first, a probe mask function) registered in transformers' interfaces:
    implementation on the same tokens: in float32 the logits must agree (``DENSE_TOL``), so a layer whose
    semantics the probe misread is refused rather than run wrong.
 
-Transformers' own cache is checked too: a layer whose cache would keep fewer tokens than its mask reads
+A ``sliding_window`` at least as long as every sequence (the engine's ``max_len``; Mistral's 4096 of 4096
+positions) never bites: the probe reads a full mask, and the layer runs as full attention. What the config
+alone shows comes first (``_check_config``): positions counted in the batch, KV shared between layers, and
+compressed keys appended to a layer's own (DeepSeek V4, one per 4 or 128 tokens: farther apart than the
+64-token pass sees). Transformers' own cache is checked too: a layer whose cache would keep fewer tokens than its mask reads
 (a ``sliding_window`` in the config with a full mask, as Moshi has) generates differently from its
 own forward pass, and kvscope cannot match both.
 
@@ -98,6 +102,12 @@ def _check_config(text_config, model_type: str, longest: int) -> None:
             model_type, "its attention temperature tuning scales queries by a position it counts in the batch, "
             f"not by position_ids, which matches transformers only below {limit} tokens",
             f"pass max_model_len <= {limit} and max_num_batched_tokens <= {limit}")  # fmt: skip
+    rates = compressed_kv_rates(text_config)
+    if rates:
+        raise UnsupportedModelError(
+            model_type, f"its attention appends compressed keys to the layer's own, one per {min(rates)} tokens "
+            "of a prefill (DeepSeek V4's compressed / sparse attention), so a call gets more keys than queries; "
+            "kvscope's paged cache holds one key per token")  # fmt: skip
     shared = getattr(text_config, "num_kv_shared_layers", 0)
     if isinstance(shared, int) and shared > 0:  # like the cache check, invisible to a forward pass
         raise UnsupportedModelError(
@@ -121,6 +131,17 @@ def _check_separate(first: ProbePass, passes: list[ProbePass], logits: tuple, to
     if _differs(ab[1], alone[0], tol) or _rows_differ(passes[0], 1, passes[2], 0, tol):
         raise first.refuse("a token's output depends on its index in the batch, not on its position_ids "
                            "(the model counts positions itself)", "run it with transformers itself")  # fmt: skip
+
+
+def compressed_kv_rates(text_config) -> list[int]:
+    """The compression rates of the layer types a model uses that append compressed keys (DeepSeek V4's
+    ``compress_rates``: one key per 4 or 128 tokens, too far apart for the probe's 64-token pass to see
+    every one), or []."""
+    rates = getattr(text_config, "compress_rates", None)
+    if not isinstance(rates, dict):
+        return []
+    used = set(getattr(text_config, "layer_types", None) or rates)
+    return sorted(int(r) for kind, r in rates.items() if kind in used and isinstance(r, int) and r > 0)
 
 
 def counted_positions_limit(text_config) -> int | None:
@@ -175,6 +196,8 @@ def _check_cache(model, probe: ProbePass, layers: tuple[LayerSpec, ...]) -> None
             continue
         kept = getattr(cache_layers[idx], "sliding_window", None)
         reads = spec.sliding_window or spec.attention_chunk
+        if kept and kept >= probe.max_len:  # it keeps every token a sequence can have: nothing is dropped
+            continue
         if kept and (reads is None or reads > kept):
             raise probe.refuse(
                 f"attention call {n} (layer {idx}) reads {'all earlier tokens' if reads is None else reads} "

@@ -168,6 +168,8 @@ def _layer_spec(probe, where, module, attention_mask, kwargs, num_heads, num_kv_
             raise probe.refuse(f"{where} gets an attention mask the model built or changed itself "
                                f"({type(attention_mask).__name__}), not one of transformers' mask functions")  # fmt: skip
     window = kwargs.get("sliding_window")
+    if window is not None and pattern.window is None and window >= probe.max_len:
+        window = None  # as long as every sequence (mistral's 4096 of 4096 positions): it never bites, full attention
     if window is not None and window != pattern.window and not (attention_mask is None and pattern.window is None):
         raise probe.refuse(f"{where} passes sliding_window={window} but its mask has a window of {pattern.window}")
     if attention_mask is None and window:  # the layer asks for a window but builds no mask: take the window

@@ -13,6 +13,7 @@ into the run's one typed spec.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from kvscope.options.values import (
     MAX_TOKENS,
     SEED_MAX,
     SPECULATIVE_FORMS,
+    arrival,
     block_size,
     int64,
     length_range,
@@ -33,6 +35,7 @@ from kvscope.options.values import (
     num_requests,
     out_path,
     positive_int,
+    rate,
     refresh_rate,
     seconds,
     seed,
@@ -44,10 +47,23 @@ from kvscope.options.values import (
 __all__ = ["BOTH", "CLI", "INT64_MAX", "MAGIC", "MAX_REQUESTS", "MAX_STEP_DELAY", "MAX_TOKENS", "RUN_OPTIONS",
            "SEED_MAX", "SPECULATIVE_FORMS", "OptionError", "OptionParser", "OptionSpec", "add_run_options",
            "block_size", "int64", "length_range", "nonneg_int", "nonneg_size", "num_requests", "out_path",
-           "positive_int", "refresh_rate", "seconds", "seed", "size", "speculative", "tokens"]
+           "pd_layout", "positive_int", "refresh_rate", "seconds", "seed", "size", "speculative", "tokens"]
 
 CLI, MAGIC = "cli", "magic"  # the two faces
 BOTH = (CLI, MAGIC)
+_PD_LAYOUT = re.compile(r"^([1-9]|1[0-6])P([1-9]|1[0-6])D$", re.IGNORECASE)
+
+
+def pd_layout(text: str) -> str | None:
+    """Prefill/decode disaggregation: ``off`` or ``<n>P<m>D`` (1-16 each: ``1P1D``, ``2P1D``) -> the layout
+    (``kvscope.pd.PDLayout`` reads it; ``None``: colocated)."""
+    value = text.strip()
+    if value.lower() in ("off", "none", ""):
+        return None
+    if not _PD_LAYOUT.match(value):
+        raise OptionError(f"--pd {value!r}: write <n>P<m>D with n and m from 1 to 16 (prefill and decode "
+                          "instances), like 1P1D or 2P1D, or off")
+    return value.upper()
 
 
 # ---- the options ---------------------------------------------------------------------------------------
@@ -81,8 +97,8 @@ class OptionSpec:
 WORKLOAD = "workload (default: 16 synthetic requests)"
 SAMPLING, ENGINE, OUTPUTS = "sampling", "engine", "outputs and display"
 RUN_OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec(("--model", "-m"), WORKLOAD, "'tiny' (random, instant), 'smollm2' (real, ~15 s to load), a local "
-               "folder or a cached Hugging Face id (default: tiny)", default="tiny"),
+    OptionSpec(("--model", "-m"), WORKLOAD, "'tiny' (random, instant), 'smollm2' (real, ~20 s to load on two "
+               "CPU cores), a local folder or a cached Hugging Face id (default: tiny)", default="tiny"),
     OptionSpec(("--requests", "-n"), WORKLOAD, "number of synthetic requests (random token ids; default 16)",
                type=num_requests),
     OptionSpec(("--prompts", "-p"), WORKLOAD, "UTF-8 text file with one prompt per line (in %%%%kvscope: the "
@@ -94,6 +110,13 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                type=length_range, metavar="LO[-HI]"),
     OptionSpec(("--shared-prefix",), WORKLOAD, "tokens of one common prefix at the start of every synthetic "
                "prompt (prefix caching)", type=tokens, default=0, metavar="TOKENS"),
+    OptionSpec(("--rate",), WORKLOAD, "arrivals: submit requests at this many per second (Poisson unless "
+               "--arrival), so TTFT includes queueing; default: all at once", type=rate, metavar="REQ/S"),
+    OptionSpec(("--arrival",), WORKLOAD, "the arrival process of --rate: poisson (default) or gamma:CV for "
+               "bursty traffic (CV > 1)", type=arrival, default="poisson", metavar="PROCESS"),
+    OptionSpec(("--no-chat-template",), WORKLOAD, "send each prompt as it is; by default a model with a chat "
+               "template (an instruct model, like smollm2) gets each prompt as a user message in it, as vLLM's chat "
+               "API does", action="store_false", dest="chat_template", default=True),
     OptionSpec(("--ignore-eos",), WORKLOAD, "never stop a prompt's output at EOS", default=False,
                action="store_true"),
     OptionSpec(("--temperature", "-t"), SAMPLING, "0 = greedy (default)", type=float, default=0.0),
@@ -117,6 +140,9 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(("--speculative",), ENGINE, "speculative decoding: ngram:K (prompt lookup: K draft tokens per "
                "step, from n-grams of 5 tokens; ngram:K:MIN-MAX for other lengths) or draft:MODEL:K (a draft "
                "model with the target's vocabulary); default off", type=speculative, metavar="SPEC"),
+    OptionSpec(("--pd",), ENGINE, "prefill/decode disaggregation: <n>P<m>D (e.g. 1P1D), each instance an engine "
+               "in its own process, KV blocks handed over by a connector; default off (colocated)", type=pd_layout,
+               metavar="LAYOUT"),
     OptionSpec(("--profile",), ENGINE, "capture STEPS steps with torch.profiler, after one warm-up step (kernel "
                "time by category)", type=nonneg_int, default=0, metavar="STEPS"),
     OptionSpec(("--step-delay",), ENGINE, "sleep between steps, to watch a fast model (e.g. 0.02)", type=seconds,

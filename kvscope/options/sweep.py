@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.options.run import ENGINE, OUTPUTS, RUN_OPTIONS, SAMPLING, WORKLOAD, OptionError, OptionSpec
+from kvscope.options.values import positive_int
 
 SWEPT_GROUPS = (WORKLOAD, SAMPLING, ENGINE)
 
@@ -62,3 +63,9 @@ def add_sweep_options(parser: argparse.ArgumentParser, face: str) -> None:
             metavar = spec.metavar or ("{" + ",".join(spec.choices) + "}" if spec.choices else None)
             spec = dataclasses.replace(spec, type=listed(spec), choices=None, metavar=metavar)
         spec.add_to(groups[spec.group])
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="run each value N times: the "
+                       "table shows their median and min-max, and a difference within that range is marked ≈, "
+                       "neither a win nor a loss (default 1)")
+    sweep.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up run the sweep starts "
+                       "with (it takes the start-up costs, so the first value does not pay them)")

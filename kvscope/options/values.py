@@ -115,6 +115,29 @@ def nonneg_size(text: str) -> int:
     return size(text)
 
 
+BARE_SIZE_MIN = 1 << 20  # a bare byte count below 1 MiB for a GPU, weights or a reserve is a unit left out
+
+
+def memory_size(text: str) -> int:
+    """``size`` of a device's memory or a model's weights: a bare number below 1 MiB ('--gpu-mem 40') is
+    refused as a unit left out ("did you mean 40GiB?"); a unit or a larger byte count is taken as given."""
+    return _with_unit(text, size(text))
+
+
+def nonneg_memory_size(text: str) -> int:
+    """``memory_size`` that also takes 0."""
+    value = nonneg_size(text)
+    return _with_unit(text, value) if value else 0
+
+
+def _with_unit(text: str, value: int) -> int:
+    bare = text.strip()
+    if value < BARE_SIZE_MIN and re.fullmatch(r"[0-9]*\.?[0-9]+", bare):
+        raise OptionError(f"{_shown(text)} would be {value} byte{'' if value == 1 else 's'}: did you mean "
+                          f"{bare}GiB? Write the unit ({bare}GiB, {bare}MiB) or a byte count of at least 1 MiB")
+    return value
+
+
 def parse_range(text: str | int | Sequence[int], name: str = "range") -> tuple[int, int]:
     """``"32"`` -> (32, 32); ``"16-64"`` or ``"16:64"`` -> (16, 64); ``(a, b)`` passes through checked."""
     if isinstance(text, int):
@@ -215,3 +238,35 @@ def out_path(text: str) -> Path:
         return check_output_path(text, shown=_shown(text))
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+
+
+def rate(text: str) -> float:
+    """``--rate``: requests per second, > 0 and finite."""
+    value = _number(text)
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise OptionError(f"{_shown(text)} must be a positive number of requests per second (e.g. 4 or 0.5)")
+    return value
+
+
+def arrival(text: str) -> str:
+    """``--arrival``: ``poisson``, or ``gamma:CV`` (the gaps' coefficient of variation, in (0, 100])."""
+    kind, _, cv = text.strip().lower().partition(":")
+    if kind == "poisson" and not cv:
+        return "poisson"
+    if kind == "gamma":
+        try:
+            value = float(cv)
+        except ValueError:
+            value = math.nan
+        if 0 < value <= 100:
+            return f"gamma:{value:g}"
+    raise OptionError(f"{_shown(text)} must be 'poisson' or 'gamma:CV' with CV in (0, 100] (1 is Poisson; "
+                      "above 1 is burstier)")
+
+
+def probability(text: str) -> float:
+    """A probability in [0, 1] (``--acceptance-rate``)."""
+    value = _number(text)
+    if not 0 <= value <= 1:  # also refuses NaN
+        raise OptionError(f"{_shown(text)} must be a probability between 0 and 1 (e.g. 0.7)")
+    return value

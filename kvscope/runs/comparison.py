@@ -124,6 +124,8 @@ class Comparison:
                                     else [_name(r, i) for i, r in enumerate(runs)])
         self.swept = swept  # (option, values): set by kvscope.runs.sweep
         self.summaries = [run.summary() for run in self.runs]
+        # per run, metric -> (min, max) over its repeats (a sweep's --repeat); empty: one run each, no spread
+        self.spreads: list[dict[str, tuple[float, float]]] = []
 
     # ---- the numbers ---------------------------------------------------------------------------
     @property
@@ -166,6 +168,14 @@ class Comparison:
 
         frame = self.per_run
         return atomic_write(path, lambda f: frame.to_csv(f, index=False))
+
+    def within_noise(self, key: str, index: int) -> bool:
+        """Whether run ``index``'s ``key`` differs from the first run's by no more than their repeats scatter
+        (their min-max ranges overlap): such a difference is not coloured as a win or a loss."""
+        if len(self.spreads) <= index or not self.spreads[0] or key not in self.spreads[index]:
+            return False
+        (lo, hi), (lo0, hi0) = self.spreads[index][key], self.spreads[0].get(key, (math.nan, math.nan))
+        return lo <= hi0 and lo0 <= hi
 
     # ---- what differs --------------------------------------------------------------------------
     @property

@@ -103,8 +103,8 @@ def demo_workload(engine, model: str) -> list[WorkItem]:
     Greedy decoding. The random tiny model ignores EOS (its text is noise anyway) so every run has the
     same shape; SmolLM2 stops at EOS like a real chat model.
     """
-    prompts = [chat_prompt(engine.tokenizer, q) for q in QUESTIONS]
-    prompts.insert(3, chat_prompt(engine.tokenizer, LONG_PROMPT))
+    questions = [*QUESTIONS[:3], LONG_PROMPT, *QUESTIONS[3:]]
     ignore_eos = model == "tiny"
-    return [WorkItem(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=ignore_eos))
-            for p, n in zip(prompts, OUTPUT_LENS)]
+    return [WorkItem(chat_prompt(engine.tokenizer, q), SamplingParams(max_tokens=n, temperature=0.0,
+                                                                      ignore_eos=ignore_eos), shown=q)
+            for q, n in zip(questions, OUTPUT_LENS)]

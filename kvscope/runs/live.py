@@ -19,13 +19,13 @@ once over, the whole run. ``steps``, ``requests``, ``summary()``, ``save_trace()
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
 from kvscope.engine.engine import Engine
+from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import Request, RequestOutput
 from kvscope.runs.recording import Recording
 from kvscope.runs.run import Run, RunBuffer
@@ -33,6 +33,15 @@ from kvscope.runs.status import Outputs, RunStatus, claim_engine, release_engine
 from kvscope.runs.workload import WorkItem
 from kvscope.telemetry.export import MAX_TEXT
 from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.telemetry.summary_stream import SummaryStream
+from kvscope.utils.collector import fewer_collections
+
+
+def chat_prompt(engine: Engine, item: WorkItem):
+    """The item's prompt, through the model's chat template when it is a chat message and the model has one."""
+    if not item.chat or not getattr(engine.tokenizer, "chat_template", None):
+        return item.prompt
+    return chat_prompt_ids(engine.tokenizer, [{"role": "user", "content": item.prompt}])
 
 
 class LiveRun(Recording):
@@ -53,24 +62,33 @@ class LiveRun(Recording):
     def __init__(
         self,
         make_engine: Engine | Callable[[], Engine],
-        workload: Sequence[WorkItem] | Callable[[Engine], Sequence[WorkItem]],
+        workload: Iterable[WorkItem] | Callable[[Engine], Iterable[WorkItem]],
         *,
         outputs: Outputs | None = None,
         step_delay: float = 0.0,
         profile_steps: int = 0,
         dashboard: bool = True,
         dashboard_options: dict[str, Any] | None = None,
+        keep_outputs: bool = True,
     ) -> None:
         super().__init__(outputs or Outputs())
         self._make_engine = make_engine
         self._workload = workload
-        self.workload: list[WorkItem] = [] if callable(workload) else list(workload)
+        lazy = callable(workload) or not isinstance(workload, Sequence)
+        self.workload: list[WorkItem] = [] if lazy else list(workload)
+        self.keep_outputs = keep_outputs  # False: finished requests are let go (a simulation of 10**6 requests)
+        self.num_submitted = 0
+        self.num_finished = 0  # requests whose "finished" event was recorded
+        self._pending: Iterator[WorkItem] = iter(())
+        self._next: WorkItem | None = None  # the next item to submit, when its arrival time comes
+        self._t_submit_ns = 0  # arrival times count from here
         self.step_delay = step_delay
         self.profile_steps = profile_steps
         self.engine: Engine | None = None
         self.meta: dict[str, Any] = {}  # filled in place as the run learns it (the dashboard holds it)
         self._requests: list[Request] = []
         self._so_far = RunBuffer(self.meta)  # what the recorder published (sized to it in _build_engine)
+        self._stream = SummaryStream({})
         self._final: Run | None = None  # the whole run, once over
         self._profiler: ExitStack | None = None  # the profiling window, closed at the end
         self._unsubscribe: Callable[[], None] | None = None  # from the recorder, at the end
@@ -106,6 +124,12 @@ class LiveRun(Recording):
         return self._so_far.num_steps
 
     @property
+    def elapsed_s(self) -> float:
+        """Seconds since the run started, on the engine's clock (a simulation's: virtual time)."""
+        engine = self.engine
+        return (engine.clock.now_ns() - self.meta["t0_ns"]) / 1e9 if engine is not None else 0.0
+
+    @property
     def t0_ns(self) -> int:
         return self.run.t0_ns
 
@@ -120,6 +144,9 @@ class LiveRun(Recording):
     def _collect(self, item: StepRecord | RequestEvent) -> None:
         """Recorder subscriber (engine thread): keep the item, hand it to the dashboard."""
         self._so_far.add(item)
+        self._stream.add(item)
+        if isinstance(item, RequestEvent) and item.kind == "finished":
+            self.num_finished += 1
         if self.dashboard is not None:
             self.dashboard.feed.push(item)
 
@@ -131,16 +158,22 @@ class LiveRun(Recording):
         claim_engine(engine, self)
         engine.recorder.clear()
         self.meta.update(engine.run_metadata())
-        self.meta["t0_ns"] = time.perf_counter_ns()
+        self.meta["t0_ns"] = engine.clock.now_ns()
         self._so_far = RunBuffer(self.meta, engine.recorder.capacity)  # the recorder's own bounds
+        self._stream = SummaryStream(engine.recorder.baseline)  # the exact summary, past the recorder's ring
         return engine
 
     def _body(self) -> None:
         engine = self.engine = self._build_engine()
-        if callable(self._workload):
-            self.workload = list(self._workload(engine))
+        items = self._workload(engine) if callable(self._workload) else self._workload
+        if isinstance(items, Sequence):
+            self.workload = list(items)
+            items = self.workload
+        self._pending = iter(items)
+        self._next = next(self._pending, None)
         self._unsubscribe = engine.recorder.subscribe(self._collect)
-        self._submit(engine)
+        self._t_submit_ns = engine.clock.now_ns()
+        self._submit_due(engine)
         self._profiler = self._start_profiler(engine)
         self.status = RunStatus.RUNNING
         self._loop(engine)
@@ -153,18 +186,26 @@ class LiveRun(Recording):
         finally:
             release_engines(self)
 
-    def _submit(self, engine: Engine) -> None:
-        """Add the workload. A prompt the engine refuses (empty, too long, outside the vocabulary)
-        fails alone, as a request finished with status ``error`` naming it; the others run."""
-        for i, item in enumerate(self.workload):
+    def _submit_due(self, engine: Engine) -> None:
+        """Add the items whose arrival time has come. A prompt the engine refuses (empty, too long, outside
+        the vocabulary) fails alone, as a request finished with status ``error`` naming it; the others run."""
+        now = engine.clock.now_ns()
+        while self._next is not None and self._t_submit_ns + round(self._next.arrival_s * 1e9) <= now:
+            item, self._next = self._next, next(self._pending, None)
+            self.num_submitted += 1
             try:
-                request = engine.make_request(item.prompt, item.params)
+                request = engine.make_request(chat_prompt(engine, item), item.params)
             except (TypeError, ValueError) as exc:
-                where = item.source or f"request {i + 1} of {len(self.workload)}"
+                total = f" of {len(self.workload)}" if self.workload else ""
+                where = item.source or f"request {self.num_submitted}{total}"
                 self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
                 continue
+            if item.shown is not None or item.chat:  # reports show the user's message, not the template
+                request.prompt = item.shown if item.shown is not None else item.prompt
             self._requests.append(request)
             engine.add_request(request)
+        if not self.keep_outputs and len(self._requests) > 4096 + 2 * len(engine.requests):
+            self._requests = [r for r in self._requests if not r.is_finished]
 
     def _abort_own(self, engine: Engine) -> None:
         """Abort this run's unfinished requests (not those another thread added to the same engine)
@@ -175,7 +216,19 @@ class LiveRun(Recording):
         engine.record_state()
 
     def _loop(self, engine: Engine) -> None:
-        while engine.has_unfinished_requests() and not self._stop.is_set():
+        # a simulation is all Python objects: the collector would take a third of its time (utils/collector.py)
+        with fewer_collections() if engine.clock.virtual else nullcontext():
+            self._steps(engine)
+
+    def _steps(self, engine: Engine) -> None:
+        while not self._stop.is_set():
+            self._submit_due(engine)
+            if not engine.has_unfinished_requests():
+                if self._next is None:
+                    break
+                wake = self._t_submit_ns + round(self._next.arrival_s * 1e9)
+                engine.clock.sleep_until_ns(wake, self._stop)  # idle until the next arrival
+                continue
             if not self._running.is_set():
                 self.status = RunStatus.PAUSED
                 self._running.wait()
@@ -204,8 +257,14 @@ class LiveRun(Recording):
         records, events, meta, profiler_events = engine.recorder.snapshot()
         meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
         meta["texts"] = self._texts(engine)
+        if meta["num_steps_dropped"] or self.num_submitted > engine.recorder.events.maxlen // 4:
+            # the ring lost the start, the stream saw all of it (NaN as null: files hold no NaN)
+            meta["summary"] = {k: None if isinstance(v, float) and v != v else v
+                               for k, v in self._stream.summary().items()}
         self.meta.update(meta)
         self._final = Run(records, events, self.meta, profiler_events)
+        if self.dashboard is not None:  # the end of a run does not hide it: a slider replays its page map
+            self.dashboard.offer_replay(self._final)
         self._write_files()
 
     def _texts(self, engine: Engine) -> dict[str, dict[str, str | None]]:
@@ -218,4 +277,4 @@ class LiveRun(Recording):
         return texts
 
     def _describe(self) -> str:
-        return f"{self.meta.get('model', '?')}: {self.status_text}, {self.step} steps, {len(self.workload)} requests"
+        return f"{self.meta.get('model', '?')}: {self.status_text}, {self.step} steps, {self.num_submitted} requests"

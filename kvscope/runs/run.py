@@ -12,7 +12,8 @@ run = kvscope.load("run.json")       # or "run.jsonl": the same DataFrames back
 changes a ``Run``'s lists afterwards (a ``LiveRun`` hands out a new ``Run`` as records arrive). The
 DataFrames are cached per list lengths, so a caller who appends gets them rebuilt.
 
-Imports go one way: ``Run`` uses ``telemetry`` (which works on plain records, events and meta) and,
+Imports go one way: ``Run`` uses ``telemetry`` (which works on plain records, events and meta), ``kvscope.pd.summary``
+(a P/D run's ``meta["pd"]``: summary keys and the transfer track; standard library only) and,
 for ``save_html`` / ``show`` only, ``kvscope.widgets.report`` (imported when called); neither
 imports this module.
 """
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from kvscope.pd.summary import pd_summary, transfer_lane
 from kvscope.telemetry import frames as metrics
 from kvscope.telemetry.export import Lane, write_metrics, write_trace
 from kvscope.telemetry.load import read_run_file
@@ -74,7 +76,8 @@ class Run:
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def from_engine(cls, engine: Engine) -> Run:
-        """A snapshot of everything ``engine.recorder`` holds (copies of its lists)."""
+        """A snapshot of everything ``engine.recorder`` holds (copies of its lists; a ``kvscope.pd.PDEngine``'s
+        gathers its instances' records, ``kvscope.pd.recorder``)."""
         recorder = engine.recorder
         if recorder is None:
             raise ValueError(
@@ -123,8 +126,33 @@ class Run:
         return self._cached("requests", lambda: metrics.requests_frame(self.records, self.events, self.t0_ns))
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits."""
-        return run_summary(self.records, self.events, self.meta, self.requests)
+        """Headline numbers: throughput, latency percentiles, KV peaks, fragmentation, prefix hits. A run
+        longer than its recorder's ring carries the exact summary of all of it (``meta["summary"]``, kept
+        by ``telemetry.summary_stream``); the records then hold only its last window of steps."""
+        computed = run_summary(self.records, self.events, self.meta, self.requests)
+        exact = self.meta.get("summary")
+        if isinstance(exact, dict):
+            computed.update({k: math.nan if v is None else v for k, v in exact.items() if k in computed})
+        if isinstance(self.meta.get("pd"), dict):  # a P/D run: its transfers, TTFT / ITL per instance
+            computed.update(pd_summary(self.meta["pd"]))
+        return computed
+
+    def prefix_misses(self) -> pd.DataFrame:
+        """One row per request looked up in the prefix cache: what it got (``num_cached_tokens``), what it
+        could have got (``num_reusable_tokens``), why not (``miss_cause``) and where its prompt left the earlier
+        one it shares the most with (``diverged_at``, ``diverged_from``); ``kvscope.explain.prefix``."""
+        from kvscope.explain.prefix import prefix_misses
+        from kvscope.explain.report import misses_frame
+
+        return misses_frame(prefix_misses(self.records, self.events, {**self.meta, "t0_ns": self.t0_ns}))
+
+    def queue_reasons(self) -> pd.DataFrame:
+        """One row per request: its time in the waiting queue split by why it was not admitted (the token
+        budget, max_num_seqs, no free blocks, preempted, a step in progress), its preemptions and the tokens
+        recomputed after them; ``kvscope.explain.waits``."""
+        from kvscope.explain.waits import queue_rows, queue_times
+
+        return pd.DataFrame(queue_rows(queue_times(self.records, self.events)))
 
     def page_map_at(self, step: int) -> list[PageEntry]:
         """Every block's ``PageEntry`` after ``step`` (from the last full snapshot and the diffs since)."""
@@ -137,8 +165,8 @@ class Run:
         return write_trace(path, self.records, self.events, meta, self.profiler_events, self._lanes())
 
     def _lanes(self) -> list[Lane]:
-        """Extra processes of the trace (none; a watched run has one per engine)."""
-        return []
+        """Extra processes of the trace (a P/D run's transfer track; a watched run has one per engine)."""
+        return transfer_lane(self.meta["pd"]) if isinstance(self.meta.get("pd"), dict) else []
 
     def save_metrics(self, path: str | os.PathLike) -> Path:
         """JSON Lines: a header with ``meta``, one line per step and per request event, an end line."""

@@ -9,8 +9,8 @@ line: an ``OptionError`` each face turns into its own error. Everything here run
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,17 +21,20 @@ from kvscope.runs.spec import EngineSpec, RunSpec, SamplingSpec
 from kvscope.runs.status import Outputs
 from kvscope.runs.workload import (
     WorkItem,
+    iter_synthetic_workload,
     numbered_prompts,
     prompts_workload,
     read_prompt_lines,
     synthetic_workload,
+    with_arrivals,
 )
 from kvscope.utils.files import check_outputs
 
 if TYPE_CHECKING:
     from kvscope.engine.engine import Engine
 
-Workload = list[WorkItem] | Callable[["Engine"], list[WorkItem]]
+LAZY_ABOVE = 10_000  # synthetic requests made one at a time as they are submitted (a simulation of 10**6)
+Workload = list[WorkItem] | Callable[["Engine"], Iterable[WorkItem]]
 
 
 @dataclass(slots=True)
@@ -43,8 +46,13 @@ class RunSetup:
     params: SamplingParams
     workload: Workload  # work items, or a function of the engine that makes them
     spec: RunSpec
+    notes: list[str] = field(default_factory=list)  # what the face should say before the run (lines skipped)
 
     def make_engine(self) -> Engine:
+        if self.spec.engine.pd is not None:  # instances in their own processes (kvscope.pd)
+            from kvscope.pd.engine import PDEngine
+
+            return PDEngine(self.model, pd=self.spec.engine.pd, config=self.config)
         from kvscope.engine.engine import Engine
 
         return Engine(self.model, config=self.config)
@@ -68,7 +76,8 @@ def prepare(spec: RunSpec) -> RunSetup:
         engine = replace(engine, speculative={**engine.speculative, "model": check_model(draft)})
     config = engine_config(engine)
     params = sampling_params(spec.sampling)
-    return RunSetup(model, config, params, workload(spec, params), spec)
+    notes: list[str] = []
+    return RunSetup(model, config, params, workload(spec, params, notes), spec, notes)
 
 
 def check_run_outputs(spec: RunSpec) -> None:
@@ -134,26 +143,34 @@ def sampling_params(sampling: SamplingSpec) -> SamplingParams:
         raise OptionError(str(exc)) from None
 
 
-def workload(run: RunSpec, params: SamplingParams) -> Workload:
+def workload(run: RunSpec, params: SamplingParams, notes: list[str] | None = None) -> Workload:
     """Work items from the cell or ``--prompts``, else a function of the engine that makes synthetic ones
-    (they need its vocabulary)."""
+    (they need its vocabulary). ``notes`` receives a line on the blank lines a prompts file had."""
     spec, seed = run.workload, run.sampling.seed
     if spec.cell is not None or spec.prompts:
         try:
-            lines = numbered_prompts(spec.cell) if spec.cell is not None else read_prompt_lines(spec.prompts)
+            blank: list[int] = []
+            lines = numbered_prompts(spec.cell) if spec.cell is not None else read_prompt_lines(spec.prompts, blank)
             where = "the cell" if spec.cell is not None else Path(spec.prompts).name
-            return prompts_workload([p for _, p in lines], spec.output_len or (64, 64), seed=seed,
-                                    params=params, ignore_eos=spec.ignore_eos,
-                                    sources=[f"line {n} of {where}" for n, _ in lines])
+            if blank and notes is not None:
+                shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
+                notes.append(f"kvscope: {where}: skipped {len(blank)} blank line{'s' * (len(blank) > 1)} "
+                             f"(line{'s' * (len(blank) > 1)} {shown}); {len(lines)} prompts, one per other line")
+            items = prompts_workload([p for _, p in lines], spec.output_len or (64, 64), seed=seed,
+                                     params=params, ignore_eos=spec.ignore_eos,
+                                     sources=[f"line {n} of {where}" for n, _ in lines], chat=spec.chat_template)
+            return with_arrivals(items, spec.rate, spec.arrival, seed)
         except ValueError as exc:
             raise OptionError(str(exc)) from None
 
-    def synthetic(engine: Engine) -> list[WorkItem]:
+    def synthetic(engine: Engine) -> Iterable[WorkItem]:
         special = set(engine.eos_token_ids)
         if engine.tokenizer is not None:
             special |= set(engine.tokenizer.all_special_ids)
-        return synthetic_workload(spec.requests or 16, spec.prompt_len, spec.output_len or (32, 128),
-                                  vocab_size=engine.spec.vocab_size, shared_prefix_len=spec.shared_prefix,
-                                  seed=seed, params=params, exclude_ids=special)
+        make = synthetic_workload if (spec.requests or 16) <= LAZY_ABOVE else iter_synthetic_workload
+        items = make(spec.requests or 16, spec.prompt_len, spec.output_len or (32, 128),
+                     vocab_size=engine.spec.vocab_size, shared_prefix_len=spec.shared_prefix,
+                     seed=seed, params=params, exclude_ids=special)
+        return with_arrivals(items, spec.rate, spec.arrival, seed)
 
     return synthetic

@@ -32,6 +32,9 @@ class WorkloadSpec:
     output_len: tuple[int, int] | None = None  # None: 32-128 for synthetic requests, 64 for prompts
     shared_prefix: int = 0
     ignore_eos: bool = False
+    chat_template: bool = True  # prompts are user messages for an instruct model's chat template
+    rate: float | None = None  # requests per second (None: all at once)
+    arrival: str = "poisson"  # or "gamma:CV"
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +57,7 @@ class EngineSpec:
     max_model_len: int | None = None
     prefix_caching: bool = True
     speculative: dict[str, Any] | None = None  # the engine's speculative_config
+    pd: str | None = None  # prefill/decode disaggregation ("1P1D"; kvscope.pd), None: colocated
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,6 +122,14 @@ class RunSpec:
             raise OptionError(f"give requests one way only, not {' and '.join(sources)}")
         if self.engine.num_blocks is not None and self.engine.kv_memory is not None:
             raise OptionError("give --num-blocks or --kv-memory, not both")
+        if self.engine.pd is not None:
+            clash = [name for name, given in (("--speculative", self.engine.speculative is not None),
+                                              ("--prefix-caching off", not self.engine.prefix_caching),
+                                              ("--profile", self.profile_steps > 0)) if given]
+            if clash:
+                raise OptionError(f"--pd {self.engine.pd} does not combine with {clash[0]}")
+        if w.arrival != "poisson" and w.rate is None:
+            raise OptionError(f"--arrival {w.arrival} needs --rate (requests per second)")
 
 
 _FIELDS = {cls: {f.name for f in fields(cls)} for cls in (WorkloadSpec, SamplingSpec, EngineSpec)}

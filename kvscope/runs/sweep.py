@@ -20,80 +20,26 @@ them, so a reader never sees half a run). A run that fails is kept in ``errors``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvscope.options.run import CLI, RUN_OPTIONS, OptionError, OptionParser, OptionSpec
-from kvscope.options.sweep import SWEPT_GROUPS, Values, add_sweep_options, dest_of, sweepable
-from kvscope.runs.comparison import Comparison, unique_labels
+from kvscope.options.run import RUN_OPTIONS, OptionError, OptionSpec
+from kvscope.options.sweep import SWEPT_GROUPS, Values, dest_of, sweepable
+from kvscope.runs.comparison import Comparison
 from kvscope.runs.lifecycle import Lifecycle
 from kvscope.runs.spec import RunSpec
 from kvscope.runs.status import RunStatus, SweepOutputs
+from kvscope.runs.sweep_plan import SweepPlan, default_args, listed_options, plan_from_args, plan_runs
 
 if TYPE_CHECKING:
     from kvscope.runs.live import LiveRun
     from kvscope.runs.setup import RunSetup
 
-
-@dataclass(slots=True)
-class SweepPlan:
-    """Checked runs, one per value of ``option``; nothing started."""
-
-    option: str  # the flag, e.g. "--block-size"
-    dest: str  # its namespace name, e.g. "block_size"
-    values: list[Any]
-    labels: list[str]  # "block-size=8", ...
-    setups: list[RunSetup]  # each with its RunSpec: the base spec with this value
-
-
-def plan_from_args(args: argparse.Namespace, cell: str | None = None) -> SweepPlan:
-    """The one listed option of ``args`` (parsed by ``add_sweep_options``) and a checked run per value
-    (``cell``: a ``%%kvscope sweep`` cell's text, whose lines are the prompts).
-
-    ``OptionError`` if no option or more than one has several values, or if any run would be refused.
-    """
-    lists = listed_options(args)
-    if not lists:
-        raise OptionError("give one option a list of values to sweep, like --block-size 8,16,32,64")
-    if len(lists) > 1:
-        raise OptionError(f"sweep one option at a time, not {' and '.join(flag for flag, _ in lists.values())}")
-    (dest, (flag, values)), = lists.items()
-    return plan_runs(RunSpec.from_args(args, cell=cell), dest, flag, values)  # dest: replaced per value
-
-
-def listed_options(args: argparse.Namespace) -> dict[str, tuple[str, Values]]:
-    """The options of ``args`` given two or more values: dest -> (flag, values). A list of one value is
-    the value: ``args`` holds it in place of the list."""
-    lists = {}
-    for spec in filter(sweepable, RUN_OPTIONS):
-        dest = dest_of(spec)
-        value = getattr(args, dest, None)
-        if isinstance(value, Values):
-            if len(value) == 1:
-                setattr(args, dest, value[0])
-            else:
-                lists[dest] = (spec.name, value)
-    return lists
-
-
-def plan_runs(base: RunSpec, dest: str, flag: str, values: Values) -> SweepPlan:
-    """A checked run per value: ``base`` with the option ``dest`` (given as ``flag``) set to it.
-    ``OptionError`` naming the value if any run would be refused."""
-    from kvscope.runs.setup import prepare  # here: it brings torch
-
-    setups = []
-    for value, text in zip(values, values.texts):
-        try:
-            setups.append(prepare(base.with_option(dest, value)))
-        except OptionError as exc:
-            raise OptionError(f"{flag} {text}: {exc}") from None
-    labels = unique_labels([f"{flag.lstrip('-')}={t}" for t in values.texts])
-    return SweepPlan(flag, dest, list(values), labels, setups)
+__all__ = ["Sweep", "SweepPlan", "default_args", "listed_options", "plan_from_args", "plan_runs", "sweep"]
 
 
 class Sweep(Lifecycle, Comparison):
@@ -112,7 +58,7 @@ class Sweep(Lifecycle, Comparison):
         Lifecycle.__init__(self, SweepOutputs(html=Path(html) if html is not None else None,
                                               csv=Path(csv) if csv is not None else None))
         self.plan = plan
-        self.runs, self.labels, self.summaries = [], [], []
+        self.runs, self.labels, self.summaries, self.spreads = [], [], [], []
         self.swept = (plan.dest, [])  # the values of the finished runs
         self.workloads: list[list] = []  # the work items of each finished run (WorkItem lists)
         self.errors: dict[str, BaseException] = {}  # label -> why that run failed
@@ -141,32 +87,61 @@ class Sweep(Lifecycle, Comparison):
             self._changed()
 
     def _body(self) -> None:
-        from kvscope.runs.live import LiveRun
-
         plan = self.plan
         self.status = RunStatus.RUNNING
+        if plan.warmup and plan.setups:  # start-up costs (kernels, allocator, caches) land here, unmeasured
+            self._one_run(plan.setups[0], -1)
         for i, (value, label, setup) in enumerate(zip(plan.values, plan.labels, plan.setups)):
-            self._running.wait()  # paused between two runs
-            if self._stop.is_set():
-                break
-            run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(),  # its spec: files, pace
-                          dashboard=self.run_dashboards, dashboard_options=self.dashboard_options)
-            self.index, self.current = i, run
+            runs = []
+            for _ in range(plan.repeat):
+                self._running.wait()  # paused between two runs
+                if self._stop.is_set():
+                    return
+                run = self._one_run(setup, i)
+                if run is None:
+                    break
+                runs.append(run)
+            if runs and label not in self.errors:
+                self._keep(value, label, runs)
             self._changed()
-            if self.paused:
-                run.pause()
-            try:
-                run.start().wait()
-            except Exception as exc:  # this value failed (a pool too small, ...); the sweep goes on
-                self.errors[label] = exc
-            finished = run.run
-            if finished.records and label not in self.errors:
-                self.summaries.append(finished.summary())
-                self.runs.append(finished)
-                self.swept[1].append(value)
-                self.workloads.append(list(run.workload))
-                self.labels.append(label)
-            self._changed()
+
+    def _one_run(self, setup: RunSetup, index: int) -> LiveRun | None:
+        """One run of ``setup`` (``index`` -1: the warm-up); None if it failed (kept in ``errors``)."""
+        from kvscope.runs.live import LiveRun
+
+        run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(),  # its spec: files, pace
+                      dashboard=self.run_dashboards, dashboard_options=self.dashboard_options)
+        self.index, self.current = index, run
+        self._changed()
+        if self.paused:
+            run.pause()
+        try:
+            run.start().wait()
+        except Exception as exc:  # this value failed (a pool too small, ...); the sweep goes on
+            if index >= 0:  # a failed warm-up says nothing: the first value's own run fails the same way
+                self.errors[self.plan.labels[index]] = exc
+            return None
+        return run if run.run.records else None
+
+    def _keep(self, value: Any, label: str, runs: list[LiveRun]) -> None:
+        """A value's result: the run of median duration (its figures), the median of each metric over the
+        repeats (the table) and their min-max (the spread shown, and what counts as noise)."""
+        summaries = [r.run.summary() for r in runs]
+        order = sorted(range(len(runs)), key=lambda j: summaries[j]["duration_s"])
+        middle = runs[order[len(runs) // 2]]
+        summary, spread = dict(summaries[order[len(runs) // 2]]), {}
+        if len(runs) > 1:
+            for key, v in summary.items():
+                values = [s[key] for s in summaries if isinstance(s.get(key), (int, float)) and s[key] == s[key]]
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and len(values) == len(runs):
+                    summary[key] = statistics.median(values)
+                    spread[key] = (min(values), max(values))
+        self.summaries.append(summary)
+        self.spreads.append(spread)
+        self.runs.append(middle.run)
+        self.swept[1].append(value)
+        self.workloads.append(list(middle.workload))
+        self.labels.append(label)
 
     def _wind_down(self) -> None:
         if self.runs:
@@ -209,7 +184,9 @@ class Sweep(Lifecycle, Comparison):
             return f"sweep of {self.plan.option}: {len(self.runs)} of {n} runs done{failed}"
         run = self.current
         if run is None or self.index < 0:
-            return f"sweep of {self.plan.option}: starting ({n} runs)"
+            what = "a warm-up run (not measured)" if run is not None else "starting"
+            runs = f"{n} runs" if self.plan.repeat == 1 else f"{n} values x {self.plan.repeat} runs"
+            return f"sweep of {self.plan.option}: {what} ({runs})"
         return f"sweep of {self.plan.option}: run {self.index + 1} of {n}, {self.plan.labels[self.index]} ({run.status_text})"
 
     @property
@@ -226,15 +203,10 @@ class Sweep(Lifecycle, Comparison):
         return self._view.box._repr_mimebundle_(include=include, exclude=exclude)
 
 
-def default_args() -> argparse.Namespace:
-    """The run options' defaults, as ``kvscope run`` with no options would have them."""
-    parser = OptionParser(add_help=False)
-    add_sweep_options(parser, CLI)
-    return parser.parse_args([])
-
-
-def sweep(option: str, values: Sequence[Any], *, dashboard: bool = False, **options: Any) -> Sweep:
-    """Run one seeded workload once per value of ``option`` and wait; returns the finished ``Sweep``.
+def sweep(option: str, values: Sequence[Any], *, dashboard: bool = False, repeat: int = 1, warmup: bool = True,
+          **options: Any) -> Sweep:
+    """Run one seeded workload ``repeat`` times per value of ``option`` (after one unmeasured ``warmup`` run) and
+    wait; returns the finished ``Sweep``.
 
     ``option`` and the keys of ``options`` are run options by their Python names (``block_size``,
     ``num_blocks``, ``requests``, ``prompt_len``, ``prefix_caching``, ...) or flags (``"--block-size"``);
@@ -263,4 +235,5 @@ def sweep(option: str, values: Sequence[Any], *, dashboard: bool = False, **opti
     listed_values = Values(read(swept, v) for v in values)
     listed_values.texts = [str(v) for v in values]
     plan = plan_runs(base, dest_of(swept), swept.name, listed_values)
+    plan.repeat, plan.warmup = repeat, warmup
     return Sweep(plan, dashboard=dashboard).start().wait()

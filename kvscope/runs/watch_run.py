@@ -10,6 +10,10 @@ Faults: a URL that cannot be read at the start fails the watch with one line nam
 failed, ``error`` a ``WatchError``); a server lost later is shown as "connection lost" (the files are
 written at that moment, so they hold everything up to it) and watched again when it answers; damaged
 pages, event payloads and plugin lines are counted (``summary()["faults"]``) and skipped.
+
+Time: ``duration`` counts from the start; a scrape has one deadline (``timeout``) and ``stop()`` breaks out
+of one within 0.1 s, so a server that drips its page or a replay endpoint that does not answer cannot hold
+the watch past its duration or a stop. A last tick that fails still leaves the files of what was watched.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from kvscope._version import __version__
 from kvscope.runs.recording import Recording
 from kvscope.runs.run import Run, RunBuffer, WatchedRun
 from kvscope.runs.status import Outputs, RunStatus
-from kvscope.watch.metrics import ScrapeError, metrics_url, scrape
+from kvscope.watch.limits import MAX_RECORDS
+from kvscope.watch.metrics import Scrape, ScrapeError, ScrapeStopped, metrics_url, scrape
 from kvscope.watch.plugin_log import PluginLog
 from kvscope.watch.source import LOST, WatchSource
 from kvscope.watch.streams import EventStreams, check_endpoints
@@ -37,10 +42,8 @@ class WatchError(RuntimeError):
 
 
 def _listed(value: str | os.PathLike | Sequence[str] | None) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        return [os.fspath(value)]
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return [] if value is None else [os.fspath(value)]
     return [os.fspath(v) for v in value]
 
 
@@ -92,13 +95,14 @@ class WatchRun(Recording):
             "block_size": 0, "num_blocks": 0, "kv_bytes_per_token": 0, "kv_bytes_per_block": 0, "max_model_len": 0,
             "watch": self.source.watch,
         }
-        self._so_far = RunBuffer(self.meta)
+        self._so_far = RunBuffer(self.meta, capacity=MAX_RECORDS)
         self._final: Run | None = None
         self._lock = threading.Lock()  # held by the watch thread while it changes the watch's state
         self.streams = EventStreams(self.source, self._lock, self.timeout)
         self._num_ticks = 0
         self._ticked = False  # the watch began (every URL answered): there is something to write
         self._num_lost = 0  # servers lost (and not back) at the last tick
+        self._lost_written, self._end = -60.0, None  # monotonic: files last written for a loss; the end
         self._copy: tuple[int, Run] | None = None
         if dashboard:
             from kvscope.widgets.watch_dashboard import WatchDashboard
@@ -152,11 +156,14 @@ class WatchRun(Recording):
 
     # ---- the watch thread -----------------------------------------------------------------------------
     def _body(self) -> None:
+        self._end = None if self.duration is None else time.monotonic() + self.duration
+        self.streams.deadline = self._end
         try:
             self.streams.open(self.connect, self.bind, self.replay, self.topic)
         except ValueError as exc:
             raise WatchError(f"KV events: {exc}") from None
-        self._first_scrape()
+        if not self._first_scrape():
+            return
         self.streams.catch_up()
         self.status = RunStatus.RUNNING
         self._ticked = True
@@ -169,22 +176,30 @@ class WatchRun(Recording):
         finally:
             self.streams.close()
 
-    def _first_scrape(self) -> None:
-        """Every URL must answer once before the watch begins (one clear error otherwise)."""
+    def _first_scrape(self) -> bool:
+        """Every URL must answer once before the watch begins (one clear error otherwise); ``False`` if the
+        watch was stopped meanwhile."""
         for i, url in enumerate(self.urls):
             try:
-                result = scrape(url, self.timeout)
+                result = scrape(url, self.timeout, self._stop)
+            except ScrapeStopped:
+                return False
             except ScrapeError as exc:
                 raise WatchError(f"cannot reach {exc}; is the vLLM server running there "
                                  "(python -m vllm.entrypoints.openai.api_server ...)?") from None
             if not result.samples:
                 raise WatchError(f"{url} answers, but with no vllm: metrics; is it a vLLM server?")
             with self._lock:
-                self.source.on_scrape(i, result.samples, result.num_malformed)
+                self._on_scrape(i, result)
+        return True
+
+    def _on_scrape(self, i: int, result: Scrape) -> None:
+        self.source.on_scrape(i, result.samples, result.num_malformed, truncated=result.truncated,
+                              engines_dropped=result.num_engines_dropped)
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.interval
-        end = None if self.duration is None else time.monotonic() + self.duration
+        end = self._end
         while not self._stop.is_set():
             now = time.monotonic()
             if end is not None and now >= end:
@@ -201,23 +216,29 @@ class WatchRun(Recording):
 
     def _scrape_all(self) -> None:
         for i, url in enumerate(self.urls):
+            left = None if self._end is None else self._end - time.monotonic()
             try:
-                result = scrape(url, self.timeout)
+                result = scrape(url, self.timeout if left is None else max(min(self.timeout, left), 0.05), self._stop)
+            except ScrapeStopped:
+                return
             except ScrapeError as exc:
+                if self._end is not None and time.monotonic() >= self._end:
+                    return  # cut off by the end of the watch: no loss
                 with self._lock:
                     self.source.on_scrape_error(i, str(exc), time.perf_counter_ns())
                 continue
             with self._lock:
-                self.source.on_scrape(i, result.samples, result.num_malformed)
+                self._on_scrape(i, result)
         self._read_plugins()
 
     def _read_plugins(self) -> None:
         for i, log in enumerate(self.plugin_logs):
+            before = log.num_malformed
             lines = log.read()
             with self._lock:
+                self.source.faults["plugin_malformed"] += log.num_malformed - before
                 for obj in lines:
                     self.source.on_plugin(i, obj)
-                self.source.faults["plugin_malformed"] = sum(p.num_malformed for p in self.plugin_logs)
 
     def _tick(self, *, final: bool = False) -> None:
         # servers lost since the last tick (the poll before this tick is what notices a loss)
@@ -232,7 +253,8 @@ class WatchRun(Recording):
                 if self.dashboard is not None:
                     self.dashboard.feed.push(item)
             self._num_ticks += 1
-        if self._num_lost > was_lost and not final:
+        if self._num_lost > was_lost and not final and time.monotonic() - self._lost_written >= 30.0:
+            self._lost_written = time.monotonic()  # (at most every 30 s: a server that flaps costs no more)
             self._write_files()  # a server went away: the files hold everything up to now
 
     def _update_meta(self) -> None:
@@ -245,9 +267,13 @@ class WatchRun(Recording):
     def _finish(self) -> None:
         if not self._ticked:  # nothing was watched: no files
             return
-        self.streams.receive_all()  # what arrived since the last poll still counts
-        self._read_plugins()
-        self._tick(final=True)
+        try:
+            self.streams.receive_all()  # what arrived since the last poll still counts
+            self._read_plugins()
+            self._tick(final=True)
+        except Exception as exc:  # the files of what was watched are written all the same
+            if self.error is None:
+                self.error, self.status = exc, RunStatus.FAILED
         self._final = None
         with self._lock:
             meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
@@ -265,11 +291,8 @@ def watch(urls: str | Sequence[str], *, kv_events: str | Sequence[str] | None = 
           metrics: str | os.PathLike | None = None, html: str | os.PathLike | None = None,
           plugin_log: str | os.PathLike | Sequence[str] | None = None, dashboard: bool = False,
           **options: Any) -> WatchRun:
-    """Start watching vLLM server(s) at ``urls`` (``http://HOST:PORT``); returns the started ``WatchRun``.
-
-    ``kv_events`` / ``kv_events_bind``: KV cache event endpoints (connect to a publisher that binds, or bind
-    for one that connects); ``replay``: their replay endpoints; ``plugin_log``: the plugin's JSONL;
-    ``trace`` / ``metrics`` / ``html``: files written at the end (and when a server is lost)."""
+    """Start watching vLLM server(s) at ``urls`` (``http://HOST:PORT``); returns the started ``WatchRun``
+    (the options are ``WatchRun``'s; ``trace`` / ``metrics`` / ``html``: the files, written at the end)."""
     outputs = Outputs(trace=Path(trace) if trace else None, metrics=Path(metrics) if metrics else None,
                       html=Path(html) if html else None)
     return WatchRun(urls, kv_events=kv_events, kv_events_bind=kv_events_bind, replay=replay, interval=interval,

@@ -10,16 +10,20 @@ or token ids, and its ``SamplingParams``).
 - ``read_prompts``: one prompt per line (``\\n`` or ``\\r\\n``) of a UTF-8 text file, a pipe or a FIFO, with
   errors that say what is wrong and on which line.
 - ``prompts_workload``: text prompts with output lengths drawn from a range; EOS ends them.
+- ``with_arrivals``: arrival times for a workload (Poisson at a rate, or gamma-distributed gaps for bursty
+  traffic), so a run submits each request at its time and TTFT includes queueing, as in serving.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvscope.engine.request import SamplingParams
+from kvscope.options.values import arrival as check_arrival
 from kvscope.options.values import parse_range  # also importable from here, as the benchmarks do
 
 
@@ -30,6 +34,9 @@ class WorkItem:
     prompt: str | list[int]
     params: SamplingParams
     source: str = ""  # where it came from, for error messages: "line 3 of prompts.txt"
+    arrival_s: float = 0.0  # when it is submitted, in seconds from the start of the run (``with_arrivals``)
+    chat: bool = False  # a user message: put through the model's chat template, if it has one
+    shown: str | None = None  # what reports show as its prompt (a chat's user message, not the whole template)
 
     @property
     def num_prompt_tokens(self) -> int | None:
@@ -46,7 +53,13 @@ def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **cha
     return replace(base, max_tokens=max_tokens, seed=seed, **changes)
 
 
-def synthetic_workload(
+def synthetic_workload(num_requests: int, *args, **kwargs) -> list[WorkItem]:
+    """``num_requests`` random token-id prompts, reproducible from ``seed``: ``iter_synthetic_workload``'s
+    items as a list (the same arguments)."""
+    return list(iter_synthetic_workload(num_requests, *args, **kwargs))
+
+
+def iter_synthetic_workload(
     num_requests: int,
     prompt_len: tuple[int, int] = (16, 64),
     output_len: tuple[int, int] = (16, 64),
@@ -56,13 +69,14 @@ def synthetic_workload(
     seed: int = 0,
     params: SamplingParams | None = None,
     exclude_ids: Iterable[int] = (),
-) -> list[WorkItem]:
-    """``num_requests`` random token-id prompts, reproducible from ``seed``.
+) -> Iterator[WorkItem]:
+    """Seeded random token-id prompts, one at a time (a simulation of 10**6 requests holds only those not
+    yet finished; ``synthetic_workload`` makes the same items as a list).
 
     Each prompt is ``shared_prefix_len`` common tokens followed by a length drawn uniformly from
     ``prompt_len``; each output length is drawn from ``output_len`` and reached exactly (EOS ignored).
-    ``exclude_ids`` (special tokens such as EOS or padding) never appear in a prompt.
-    """
+    ``exclude_ids`` (special tokens such as EOS or padding) never appear in a prompt. The arguments are
+    checked at the call, not at the first item."""
     if num_requests < 1:
         raise ValueError(f"num_requests={num_requests} must be at least 1")
     if shared_prefix_len < 0:
@@ -73,15 +87,16 @@ def synthetic_workload(
     allowed = [t for t in range(vocab_size) if t not in excluded]
     if not allowed:
         raise ValueError(f"no token ids left to draw prompts from (vocab_size={vocab_size})")
-    rng = random.Random(seed)
-    prefix = rng.choices(allowed, k=shared_prefix_len)
-    base = params or SamplingParams()
-    items = []
-    for i in range(num_requests):
-        tokens = prefix + rng.choices(allowed, k=rng.randint(*prompt_len))
-        item_params = _per_request_params(base, rng.randint(*output_len), i, ignore_eos=True)
-        items.append(WorkItem(tokens, item_params))
-    return items
+
+    def items() -> Iterator[WorkItem]:
+        rng = random.Random(seed)
+        prefix = rng.choices(allowed, k=shared_prefix_len)
+        base = params or SamplingParams()
+        for i in range(num_requests):
+            tokens = prefix + rng.choices(allowed, k=rng.randint(*prompt_len))
+            yield WorkItem(tokens, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=True))
+
+    return items()
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -93,9 +108,10 @@ def read_prompts(path: str | Path) -> list[str]:
 MAX_PROMPTS_FILE_BYTES = 256 << 20  # 256 MiB of prompts: far beyond a run's worth
 
 
-def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
+def read_prompt_lines(path: str | Path, blank: list[int] | None = None) -> list[tuple[int, str]]:
     """``read_prompts`` with each prompt's line number (from 1). Any readable file works: a regular file,
-    a pipe or FIFO (``/dev/stdin``, ``<(...)``), read once to the end."""
+    a pipe or FIFO (``/dev/stdin``, ``<(...)``), read once to the end. ``blank``, if given, receives the
+    numbers of the blank lines skipped (``blank_lines``), so the caller can say so."""
     path = Path(path).expanduser()
     shown = str(path)
     try:
@@ -121,7 +137,18 @@ def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
     prompts = numbered_prompts(text)
     if not prompts:
         raise ValueError(f"prompts file {shown!r} has no prompts: write one prompt per line")
+    if blank is not None:
+        blank.extend(blank_lines(text))
     return prompts
+
+
+def blank_lines(text: str) -> list[int]:
+    """The numbers (from 1) of the blank lines ``numbered_prompts`` skips (a final newline ends the last
+    line: it starts no blank one)."""
+    lines = text.removeprefix("\ufeff").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [n for n, line in enumerate(lines, 1) if not line.strip()]
 
 
 def prompts_from_text(text: str) -> list[str]:
@@ -145,9 +172,11 @@ def prompts_workload(
     params: SamplingParams | None = None,
     ignore_eos: bool = False,
     sources: Sequence[str] | None = None,
+    chat: bool = False,
 ) -> list[WorkItem]:
     """One request per prompt, output length drawn from ``output_len`` (seeded); EOS ends a request
-    early unless ``ignore_eos``. ``sources`` names where each prompt came from (error messages)."""
+    early unless ``ignore_eos``. ``sources`` names where each prompt came from (error messages); ``chat``:
+    each is a user message for the model's chat template (an instruct model's)."""
     if not prompts:
         raise ValueError("no prompts given")
     output_len = parse_range(output_len, "output length")
@@ -155,6 +184,43 @@ def prompts_workload(
     base = params or SamplingParams()
     sources = sources or [""] * len(prompts)
     return [
-        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos), source)
+        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos), source,
+                 chat=chat and isinstance(prompt, str))
         for i, (prompt, source) in enumerate(zip(prompts, sources))
     ]
+
+
+def parse_arrival(text: str) -> float:
+    """``--arrival``: ``poisson`` (CV 1) or ``gamma:CV``; returns the coefficient of variation of the gaps."""
+    name = check_arrival(text)  # an OptionError (a ValueError) naming the forms
+    return 1.0 if name == "poisson" else float(name.removeprefix("gamma:"))
+
+
+def iter_arrival_times(rate: float, cv: float = 1.0, seed: int = 0) -> Iterator[float]:
+    """Arrival times (seconds from 0, the first at 0): gaps with mean ``1 / rate`` and coefficient of
+    variation ``cv`` (exponential for ``cv == 1``: a Poisson process; gamma with shape ``1 / cv**2``)."""
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate={rate!r} must be a positive number of requests per second")
+    rng = random.Random(seed ^ 0x5EED)
+    shape = 1.0 / (cv * cv)
+    t = 0.0
+    while True:
+        yield t
+        t += rng.expovariate(rate) if cv == 1.0 else rng.gammavariate(shape, 1.0 / (rate * shape))
+
+
+def arrival_times(n: int, rate: float, cv: float = 1.0, seed: int = 0) -> list[float]:
+    """The first ``n`` of ``iter_arrival_times``."""
+    times = iter_arrival_times(rate, cv, seed)
+    return [next(times) for _ in range(n)]
+
+
+def with_arrivals(items: Iterable[WorkItem], rate: float | None, arrival: str = "poisson",
+                  seed: int = 0) -> Iterable[WorkItem]:
+    """``items`` with arrival times at ``rate`` requests/s (``None``: all at once, unchanged); a list for a
+    list, an iterator for an iterator."""
+    if rate is None:
+        return items
+    times = iter_arrival_times(rate, parse_arrival(arrival), seed)
+    timed = (replace(item, arrival_s=t) for item, t in zip(items, times))
+    return list(timed) if isinstance(items, Sequence) else timed

@@ -169,11 +169,14 @@ class PageMapTracker:
         if refs == 0:
             if not self.cached[b]:
                 return FREE_PAGE
-            return PageEntry(self.owner[b], self.block_size, "cached", 0, self.group[b])
+            return _new_entry(PageEntry, (self.owner[b], self.block_size, "cached", 0, self.group[b]))
         if filled is None:
             old = self.entries[b]
             filled = old.filled if old.refs else self.block_size
-        return PageEntry(self.owner[b], filled, "shared" if refs > 1 else "used", refs, self.group[b])
+        return _new_entry(PageEntry, (self.owner[b], filled, "shared" if refs > 1 else "used", refs, self.group[b]))
+
+
+_new_entry = tuple.__new__  # a PageEntry without the namedtuple's argument parsing (once per changed block)
 
 
 def page_map_at(records: Sequence[StepRecord], step: int) -> list[PageEntry]:

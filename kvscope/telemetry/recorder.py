@@ -34,6 +34,7 @@ from kvscope.telemetry.memory import MemoryProbe
 from kvscope.telemetry.pagemap import PageMapTracker
 from kvscope.telemetry.records import BatchSummary, RequestEvent, SchedulerStats, StepRecord, StepTimings
 from kvscope.telemetry.step_record import kv_state, step_record
+from kvscope.utils.clock import WALL_CLOCK, Clock
 
 Subscriber = Callable[[StepRecord | RequestEvent], None]
 _STEP_CAUSED = ("stop", "length")
@@ -43,7 +44,7 @@ class Recorder:
     """``meta``: the run's static metadata (JSON values); the recorder reads ``block_size``,
     ``num_blocks``, ``kv_bytes_per_token``, ``kv_bytes_per_block`` and ``max_model_len`` from it and
     hands a copy of all of it to every ``snapshot``. ``memory``: the probe sampled with each record
-    (``None``: records carry no memory readings)."""
+    (``None``: records carry no memory readings). ``clock``: where event times come from."""
 
     def __init__(
         self,
@@ -51,8 +52,10 @@ class Recorder:
         memory: MemoryProbe | None = None,
         capacity: int = 100_000,
         snapshot_every: int | None = None,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
         self.meta = meta
+        self.clock = clock  # what stamps events made without a time (a simulation's virtual clock)
         self.memory = memory
         self.capacity = capacity
         self.subscribers: list[Subscriber] = []
@@ -128,7 +131,7 @@ class Recorder:
         meta["num_steps_dropped"] = self.num_steps_recorded - len(records)
         meta["nvml"] = self.memory.nvml_status if self.memory is not None else "unavailable: no memory probe"
         starts = [e.t_ns for e in events[:1]] + [r.t_start_ns for r in records[:1]]
-        meta["t0_ns"] = min(starts) if starts else time.perf_counter_ns()
+        meta["t0_ns"] = min(starts) if starts else self.clock.now_ns()
         return records, events, meta, list(self.profiler_events)
 
     # ---- request events ----------------------------------------------------------------------------
@@ -144,6 +147,7 @@ class Recorder:
         *,
         t_ns: int | None = None,
         num_cached_tokens: int = 0,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
         """A request changed state (``kind``: one of ``records.EVENT_KINDS``) during or before
         ``step``; ``reason`` and ``error`` count for ``finished`` only. Without ``t_ns`` it is stamped
@@ -151,7 +155,7 @@ class Recorder:
         ``queued`` starts a request: an id this run already recorded is recorded as ``id#2``, ..."""
         rid = self._queue_id(request_id) if kind == "queued" else self._renamed.get(request_id, request_id)
         held = self._event(kind, rid, step, num_prompt_tokens, num_output_tokens, reason, error, t_ns,
-                           num_cached_tokens)
+                           num_cached_tokens, prompt_token_ids if kind == "queued" else None)
         if kind == "finished" and not held:  # a held finish keeps its name until the step's record
             self._renamed.pop(request_id, None)
 
@@ -174,11 +178,12 @@ class Recorder:
             self._recorded.popitem(last=False)
 
     def _event(self, kind: str, rid: str, step: int, num_prompt_tokens: int, num_output_tokens: int,
-               reason: str | None, error: str | None, t_ns: int | None, num_cached_tokens: int = 0) -> bool:
+               reason: str | None, error: str | None, t_ns: int | None, num_cached_tokens: int = 0,
+               prompt_token_ids: list[int] | None = None) -> bool:
         """Make and publish an event of a recorded id; True if it is held for the next step's end."""
         finished = kind == "finished"
         event = RequestEvent(
-            t_ns=t_ns if t_ns is not None else time.perf_counter_ns(),
+            t_ns=t_ns if t_ns is not None else self.clock.now_ns(),
             step=step,
             request_id=rid,
             kind=kind,
@@ -187,6 +192,7 @@ class Recorder:
             reason=reason if finished else None,
             error=error if finished else None,
             num_cached_tokens=num_cached_tokens,
+            prompt_token_ids=prompt_token_ids,
         )
         if finished or kind == "preempted":
             self.pages.forget(rid)
@@ -268,7 +274,9 @@ class Recorder:
         page_map, full = self.pages.update(batch.scheduled, batch.block_tables)
         kv = kv_state(stats, self.block_size, self.kv_bytes_per_block, self.static_bytes_per_request)
         memory = self.memory.sample(t.end_ns) if self.memory is not None else {}
-        return step_record(batch, t, stats, kv, page_map, full, memory)
+        record = step_record(batch, t, stats, kv, page_map, full, memory)
+        record.wait_reason, record.gc_ns = batch.wait_reason, batch.gc_ns or None
+        return record
 
     def attach_profile(self, step: int, summary: dict[str, int]) -> None:
         """Set ``profile`` on the record of ``step`` (if the ring still has it)."""

@@ -36,6 +36,15 @@ BLOCK_EVENT_KINDS = (BLOCK_ALLOCATED, BLOCK_HIT, BLOCK_RELEASED, BLOCK_FREED, BL
                      BLOCK_WINDOW_FREED)
 BlockEventListener = Callable[[str, int], None]
 
+# Why waiting requests were not admitted in a step (``StepRecord.wait_reason``, the scheduler's): the step's token
+# budget was spent, max_num_seqs requests were running, or the pool had no free blocks (for the next waiting
+# request, or a running one needed blocks and nobody was admitted). A request waiting after a preemption waits to
+# be recomputed ("preempted", from its events), and one that arrived while a step ran waits for the next
+# ("step_in_progress"); kvscope.explain.waits splits queue times by these.
+WAIT_TOKEN_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCKS = "token_budget", "max_num_seqs", "no_free_blocks"
+WAIT_PREEMPTED, WAIT_STEP_IN_PROGRESS = "preempted", "step_in_progress"
+WAIT_REASONS = (WAIT_TOKEN_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCKS, WAIT_PREEMPTED, WAIT_STEP_IN_PROGRESS)
+
 
 @dataclass(slots=True)
 class RequestEvent:
@@ -51,6 +60,9 @@ class RequestEvent:
     reason: str | None = None  # finished: stop | length | abort | error
     error: str | None = None  # finished with reason "error": what went wrong
     num_cached_tokens: int = 0  # scheduled / resumed: prompt tokens served from the prefix cache
+    # queued: the prompt's token ids (None where the source does not give them), so a run can be replayed
+    # (``kvscope simulate --replay``) with the same prefix-cache hits, under any block size
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -178,6 +190,11 @@ class StepRecord:
     profile: dict[str, int] | None = None
     # Speculative decoding in this step; None when speculation is off (and in files written before it).
     spec_decode: SpecDecodeStats | None = None
+    # Why the requests still waiting after this step's schedule were not admitted (WAIT_REASONS' first three);
+    # None when none waited (and in files written before it, or from a source that does not say)
+    wait_reason: str | None = None
+    # ns this process spent in the garbage collector since the previous record (None: none, or not measured)
+    gc_ns: int | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -230,6 +247,8 @@ class BatchSummary:
     preempted: list[RequestProgress] = field(default_factory=list)  # sent back to the waiting queue
     num_finished: int = 0  # finished this step (stop / length) plus failed at scheduling
     spec_decode: SpecDecodeStats | None = None  # speculative decoding's share of the step, if on
+    wait_reason: str | None = None  # why requests still waited after the schedule (StepRecord.wait_reason)
+    gc_ns: int = 0  # the source's time in the garbage collector since its previous step (StepRecord.gc_ns)
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ _STEP_SCALARS = tuple(
     f.name for f in fields(StepRecord)
     if f.name not in ("scheduled", "kv", "page_map", "memory", "profile", "spec_decode")
 )
+_STEP_OPTIONAL = ("wait_reason", "gc_ns")  # added later: written only when set, absent from older files
 _SPEC_SCALARS = ("num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "propose_ns",
                  "draft_num_blocks", "draft_blocks_used", "draft_page_map_full")
 _KV_FIELDS = tuple(f.name for f in fields(KVState))
@@ -41,7 +42,8 @@ def _allowed_types(cls: type) -> dict[str, tuple[type, ...]]:
     out = {}
     for name, hint in get_type_hints(cls).items():
         parts = hint.__args__ if isinstance(hint, types.UnionType) else (hint,)
-        allowed = tuple(type(None) if p is None else p for p in parts)
+        # list[int] checks as list (its items are checked where it is read)
+        allowed = tuple(type(None) if p is None else getattr(p, "__origin__", p) for p in parts)
         out[name] = (*allowed, int) if float in allowed else allowed
     return out
 
@@ -75,6 +77,9 @@ def _entry(values: list) -> PageEntry:
 
 def step_to_dict(record: StepRecord) -> dict[str, Any]:
     out: dict[str, Any] = {name: getattr(record, name) for name in _STEP_SCALARS}
+    for name in _STEP_OPTIONAL:
+        if out[name] is None:
+            del out[name]
     out["scheduled"] = [
         [s.request_id, s.kind, s.num_tokens, s.context_len, s.sampled]
         + ([s.num_draft_tokens, s.num_accepted_tokens] if s.num_draft_tokens else [])
@@ -123,7 +128,8 @@ def _item(values: list) -> ScheduledItem:
 
 def step_from_dict(d: dict[str, Any]) -> StepRecord:
     try:
-        kwargs = _checked(StepRecord, {name: d[name] for name in _STEP_SCALARS})
+        kwargs = _checked(StepRecord, {name: d[name] for name in _STEP_SCALARS
+                                       if name in d or name not in _STEP_OPTIONAL})
         kwargs["scheduled"] = [_item(values) for values in d["scheduled"]]
         kv = d["kv"]  # fields added later (num_window_freed_blocks) may be missing from older files
         kwargs["kv"] = KVState(**_checked(KVState, {name: kv[name] for name in _KV_FIELDS
@@ -144,11 +150,19 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
 
 
 def event_to_dict(event: RequestEvent) -> dict[str, Any]:
-    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+    out = {name: getattr(event, name) for name in _EVENT_FIELDS}
+    if out["prompt_token_ids"] is None:  # only queued events of an engine's run carry it
+        del out["prompt_token_ids"]
+    return out
 
 
 def event_from_dict(d: dict[str, Any]) -> RequestEvent:
     try:
-        return RequestEvent(**_checked(RequestEvent, {name: d[name] for name in _EVENT_FIELDS if name in d}))
+        event = RequestEvent(**_checked(RequestEvent, {name: d[name] for name in _EVENT_FIELDS if name in d}))
     except (TypeError, AttributeError) as exc:
         raise ValueError(f"request event is malformed ({exc})") from None
+    ids = event.prompt_token_ids
+    if ids is not None and not all(type(t) is int and 0 <= t < 1 << 63 for t in ids):
+        raise ValueError(f"request event of {event.request_id!r} is malformed (prompt_token_ids must be "
+                         "non-negative integers)")
+    return event

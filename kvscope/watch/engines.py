@@ -7,15 +7,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.watch.limits import MAX_COUNT
 from kvscope.watch.metrics import Histogram, MetricsSample
 from kvscope.watch.residency import Residency
+from kvscope.watch.watch_meta import LANE_COLUMNS
 
 WATCH_FORMAT_VERSION = 1
-# per-interval lane columns (meta["watch"]["lanes"][engine]); None where not known (not connected)
-LANE_COLUMNS = (
-    "connected", "running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "prefix_queries",
-    "prefix_hits", "preemptions", "finished", "blocks_stored", "blocks_evicted", "blocks_resident",
-)
 COUNTER_OF = {  # lane / totals column -> vLLM counter
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
@@ -27,7 +24,7 @@ COUNTER_OF = {  # lane / totals column -> vLLM counter
 }
 HIST_NAMES = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
               "e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds"}
-LOST, OK, WAITING = "connection lost", "ok", "waiting"
+LOST, OK, WAITING, GONE = "connection lost", "ok", "waiting", "gone"
 
 
 def finite(value: Any) -> float | None:
@@ -37,10 +34,17 @@ def finite(value: Any) -> float | None:
     return float(value)
 
 
-def count(value: Any) -> int:
-    """``value`` as a count (a non-negative int; 0 for what is not a finite number)."""
+def finite_in(value: Any, low: float, high: float) -> float | None:
+    """``value`` as a float in ``[low, high]``, else ``None``."""
     v = finite(value)
-    return max(round(v), 0) if v is not None else 0
+    return v if v is not None and low <= v <= high else None
+
+
+def count(value: Any) -> int:
+    """``value`` as a count: a non-negative int of at most ``MAX_COUNT`` (so files load back); 0 for what
+    is not a finite number."""
+    v = finite(value)
+    return min(max(round(v), 0), MAX_COUNT) if v is not None else 0
 
 
 def server_name(url: str) -> str:
@@ -79,6 +83,8 @@ class EngineState:
     num_gpu_blocks: int | None = None
     block_size: int | None = None
     connected: bool = False
+    seen_ns: int = 0  # when data of it last came (a sample, events, a plugin line)
+    gone: bool = False  # nothing came for ENGINE_TTL_S: out of the fleet, its lane stops (back when data comes)
 
     def histograms(self) -> dict[str, Histogram]:
         """Observations since the watch began (across restarts)."""

@@ -10,21 +10,35 @@ strings (hex), which JSON keeps exactly.
 A publisher binds when its endpoint has ``*`` (vLLM with ``tcp://*:5557``): ``EventSubscriber(connect=...)``.
 Given a concrete address, vLLM connects, so the watcher binds it: ``EventSubscriber(bind=...)``.
 
-``SeqTracker`` follows one publisher's sequence numbers: a jump forward is a gap (batches lost, e.g. the
-subscriber's queue overflowed), a jump back is a publisher restart (vLLM counts from 0 again). The replay
+``streams.SeqTracker`` follows one publisher's sequence numbers: a jump forward is a gap (batches lost, e.g. the
+subscriber's queue overflowed), a jump back to 0 or by more than ``streams.DUPLICATE_WINDOW`` is a publisher restart
+(vLLM counts from 0 again), a seq seen just before is a duplicate (dropped, counted). Frames are bounded
+(``zmq.MAXMSGSIZE``: ZMQ drops a longer one, which then shows as a gap), so are hashes and the hashes of an
+event (``limits.py``); what exceeds them is malformed. The replay
 endpoint (a ROUTER) answers ``[b"", start_seq]`` from a DEALER with the batches it still buffers from that
 seq, then an end marker (seq -1, empty payload): ``EventSubscriber.replay`` fetches them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
+
+from kvscope.watch.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_BLOCKS_PER_EVENT,
+    MAX_FRAME_BYTES,
+    MAX_HASH_BYTES,
+    MAX_RANK,
+    MAX_REPLAY_BATCHES,
+    RCVHWM,
+)
 
 END_SEQ = (1 << 64) - 1  # the replay's end marker, (-1).to_bytes(8, "big", signed=True), read unsigned
 
@@ -36,8 +50,12 @@ def hash_key(value: Any) -> str:
     if isinstance(value, int):
         return format(value, "x") if value >= 0 else "-" + format(-value, "x")
     if isinstance(value, (bytes, bytearray, memoryview)):
+        if len(value) > MAX_HASH_BYTES:
+            raise ValueError(f"a block hash of {len(value):,} bytes")
         return "b" + bytes(value).hex()
     if isinstance(value, str):
+        if len(value) > 2 * MAX_HASH_BYTES:
+            raise ValueError(f"a block hash of {len(value):,} characters")
         return "s" + value
     raise ValueError(f"a block hash of type {type(value).__name__}")
 
@@ -112,7 +130,7 @@ def parse_event(obj: Any) -> KVEvent | None:
         parent = d.get("parent_block_hash")
         tokens = d.get("token_ids")
         size = d.get("block_size")
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BLOCK_SIZE:
             raise ValueError(f"BlockStored with block_size {size!r}")
         n = len(tokens) if isinstance(tokens, (list, tuple)) else len(hashes) * size
         return BlockStored(hashes, hash_key(parent) if parent is not None else None, n, size,
@@ -130,6 +148,8 @@ def parse_event(obj: Any) -> KVEvent | None:
 def _list(value: Any) -> list:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"block_hashes is a {type(value).__name__}, not a list")
+    if len(value) > MAX_BLOCKS_PER_EVENT:
+        raise ValueError(f"{len(value):,} block hashes in one event")
     return list(value)
 
 
@@ -146,7 +166,8 @@ def decode_batch(payload: bytes, seq: int = -1) -> EventBatch:
         raise ValueError("not a KVEventBatch ([ts, events, data_parallel_rank])")
     ts = obj[0] if isinstance(obj[0], (int, float)) and not isinstance(obj[0], bool) else 0.0
     rank = obj[2] if len(obj) > 2 and isinstance(obj[2], int) and not isinstance(obj[2], bool) else None
-    batch = EventBatch(float(ts), [], rank, seq)
+    batch = EventBatch(float(ts) if abs(ts) < 1e12 else 0.0, [], rank if rank is None or 0 <= rank < MAX_RANK
+                       else None, seq)
     for raw in obj[1]:
         try:
             event = parse_event(raw)
@@ -156,43 +177,6 @@ def decode_batch(payload: bytes, seq: int = -1) -> EventBatch:
         if event is not None:
             batch.events.append(event)
     return batch
-
-
-@dataclass(slots=True)
-class SeqTracker:
-    """One publisher's sequence numbers: gaps (batches never received) and restarts (seq back to 0)."""
-
-    expected: int | None = None  # the next seq, once one was seen
-    first_seq: int | None = None  # the first seq received: what came before was missed (or replayed)
-    num_batches: int = 0
-    num_missed: int = 0  # batches skipped over by gaps (and not replayed)
-    num_gaps: int = 0
-    num_restarts: int = 0
-    gaps: list[tuple[int, int]] = field(default_factory=list)  # recent [from, to) ranges missed
-
-    def observe(self, seq: int) -> str:
-        """``"ok"``, ``"first"``, ``"gap"`` (batches ``expected..seq-1`` missed) or ``"restart"`` (a
-        jump back: a new publisher behind the endpoint)."""
-        expected = self.expected
-        if expected is None:
-            self.first_seq, self.expected, self.num_batches = seq, seq + 1, self.num_batches + 1
-            return "first"
-        if seq == expected:
-            self.expected, self.num_batches = seq + 1, self.num_batches + 1
-            return "ok"
-        if seq > expected:
-            self.num_gaps += 1
-            self.num_missed += seq - expected
-            self.gaps = [*self.gaps[-19:], (expected, seq)]
-            self.expected, self.num_batches = seq + 1, self.num_batches + 1
-            return "gap"
-        self.num_restarts += 1  # a jump back: the publisher counts from 0 again
-        self.expected, self.num_batches = seq + 1, self.num_batches + 1
-        return "restart"
-
-    def replayed(self, num: int) -> None:
-        """``num`` of the batches counted missed were recovered by a replay."""
-        self.num_missed = max(self.num_missed - num, 0)
 
 
 class EventSubscriber:
@@ -212,7 +196,8 @@ class EventSubscriber:
         self._ctx = context or zmq.Context.instance()
         self.socket = self._ctx.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.RCVHWM, RCVHWM)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.socket.setsockopt(zmq.SUBSCRIBE, self.topic)
         try:
             if connect:
@@ -223,6 +208,24 @@ class EventSubscriber:
             self.socket.close(0)
             raise ValueError(f"cannot {self.mode} {self.endpoint}: {exc}") from None
         self.num_malformed = 0
+        self.num_disconnects = 0  # connections lost (a frame over MAX_FRAME_BYTES, a publisher gone)
+        # ZMQ does not reconnect after dropping an oversized frame: watch for the drop and connect again
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED) if connect else None
+
+    def keep_connected(self) -> None:
+        """Connect again after ZMQ dropped the connection (it does so, for good, on a frame over
+        ``MAX_FRAME_BYTES``); a publisher that binds is reached again that way."""
+        if self._monitor is None:
+            return
+        dropped = False
+        while self._monitor.poll(0):
+            self._monitor.recv_multipart()
+            dropped = True
+        if dropped:
+            self.num_disconnects += 1
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disconnect(self.endpoint)
+            self.socket.connect(self.endpoint)
 
     def recv(self, timeout_s: float) -> EventBatch | None:
         if not self.socket.poll(int(timeout_s * 1000)):
@@ -242,22 +245,25 @@ class EventSubscriber:
         except ValueError:  # the batch came (its seq counts) but cannot be read
             return EventBatch(0.0, [], None, seq, num_malformed=1)
 
-    def replay(self, start_seq: int, timeout_s: float = 2.0) -> list[EventBatch]:
-        """The batches the publisher still buffers from ``start_seq`` on (``[]`` without a replay endpoint
-        or when it does not answer within ``timeout_s``)."""
+    def replay(self, start_seq: int, timeout_s: float = 2.0, until: int | None = None) -> list[EventBatch] | None:
+        """The batches the publisher still buffers from ``start_seq`` on (up to ``until``, at most
+        ``MAX_REPLAY_BATCHES``): ``[]`` without a replay endpoint, ``None`` when it does not answer within
+        ``timeout_s``."""
         if self.replay_endpoint is None:
             return []
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         out: list[EventBatch] = []
+        answered = False
         try:
             dealer.connect(self.replay_endpoint)
-            dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
+            dealer.send_multipart([b"", start_seq.to_bytes(8, "big")], zmq.NOBLOCK)
             deadline = time.monotonic() + timeout_s
-            while (left := deadline - time.monotonic()) > 0:
-                if not dealer.poll(int(left * 1000)):
+            while len(out) < MAX_REPLAY_BATCHES and (left := deadline - time.monotonic()) > 0:
+                if not dealer.poll(max(int(left * 1000), 1)):
                     break
-                frames = dealer.recv_multipart()
+                frames, answered = dealer.recv_multipart(), True
                 if frames and frames[0] == b"":
                     frames = frames[1:]  # the DEALER keeps the ROUTER's empty delimiter
                 if len(frames) >= 2 and len(frames[1]) == 8 and int.from_bytes(frames[1], "big") == END_SEQ:
@@ -265,11 +271,17 @@ class EventSubscriber:
                 batch = self._batch(frames)
                 if batch is not None:
                     out.append(batch)
+                    if until is not None and batch.seq >= until - 1:
+                        break
         except zmq.ZMQError:
             self.num_malformed += 1
         finally:
             dealer.close(0)
-        return out
+        return out if answered else None
 
     def close(self) -> None:
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disable_monitor()
+            self._monitor.close(0)
         self.socket.close(0)

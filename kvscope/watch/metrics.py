@@ -2,7 +2,9 @@
 
 The text is parsed with ``prometheus_client``'s own parser, one metric family at a time, so a damaged
 family (a bad line, a value that is not a number) is counted in ``num_malformed`` and skipped while the
-rest of the page still counts. Samples are sorted by their ``engine`` label (vLLM labels every series
+rest of the page still counts. Families kvscope does not read are skipped by their name, unparsed; every
+value is checked (finite, in the range its series can hold) and a bad one counted and dropped; a page is
+read within one overall deadline, at most ``MAX_PAGE_BYTES`` of it (``limits.py``). Samples are sorted by their ``engine`` label (vLLM labels every series
 with ``model_name`` and ``engine``; a data-parallel server has one engine per rank).
 
 Counters are cumulative since the server started; ``interval`` turns two samples into deltas, and a
@@ -14,13 +16,23 @@ their cumulative buckets (``summary.quantile`` estimates percentiles from them, 
 from __future__ import annotations
 
 import math
-import re
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
+from kvscope.watch.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_BUCKETS,
+    MAX_COUNTERS,
+    MAX_ENGINES,
+    MAX_INFO_LABELS,
+    MAX_LABEL,
+    MAX_NUM_BLOCKS,
+    MAX_PAGE_BYTES,
+    MAX_QUEUE,
+    MAX_VALUE,
+)
+from kvscope.watch.page import FetchCancelled, FetchError, families, get
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 COUNTERS = (
@@ -35,7 +47,10 @@ HISTOGRAMS = (
     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
 )
 CACHE_INFO = "vllm:cache_config_info"
-_FAMILY_START = re.compile(r"^# (?:HELP|TYPE) (\S+)", re.M)
+_HIST_SAMPLES = {f"{h}{s}": (h, s) for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+WANTED_SAMPLES = frozenset((*GAUGES, *COUNTERS, *_HIST_SAMPLES, CACHE_INFO))
+WANTED_BASES = frozenset((*GAUGES, *(c.removesuffix("_total") for c in COUNTERS), *HISTOGRAMS, CACHE_INFO))
+
 
 
 @dataclass(slots=True)
@@ -74,88 +89,102 @@ class MetricsSample:
 
     @property
     def block_size(self) -> int | None:
-        return _int(self.cache_info.get("block_size"))
+        return _int(self.cache_info.get("block_size"), MAX_BLOCK_SIZE)
 
     @property
     def num_gpu_blocks(self) -> int | None:
-        return _int(self.cache_info.get("num_gpu_blocks"))
+        return _int(self.cache_info.get("num_gpu_blocks"), MAX_NUM_BLOCKS)
 
 
 @dataclass(slots=True)
 class Scrape:
-    """What one fetch of ``/metrics`` gave: a sample per engine, and how many families were damaged."""
+    """What one fetch of ``/metrics`` gave: a sample per engine, how many families or values were damaged,
+    whether the page was cut (``MAX_PAGE_BYTES``, ``MAX_SAMPLE_LINES``), and engines beyond ``MAX_ENGINES``."""
 
     samples: list[MetricsSample]
     num_malformed: int = 0
+    truncated: bool = False
+    num_engines_dropped: int = 0
 
 
-def _int(value: str | None) -> int | None:
+def _int(value: str | None, top: int) -> int | None:
+    """A label's whole number in 1..``top`` (``None`` for anything else: absent, not a number, out of range)."""
     try:
-        return int(float(value)) if value not in (None, "", "None") else None
-    except ValueError:
+        number = float(value) if value not in (None, "", "None") else math.nan
+    except (TypeError, ValueError):
         return None
+    return int(number) if 1 <= number <= top else None
 
 
-def _families(text: str, num_bad: list[int]):
-    """Every metric family of ``text``, each parsed on its own; a family that fails is counted and skipped."""
-    starts = sorted({m.start() for m in _FAMILY_START.finditer(text)} | {0})
-    chunks, names = [], []
-    for a, b in zip(starts, [*starts[1:], len(text)]):
-        chunk = text[a:b]
-        name = _FAMILY_START.match(chunk)
-        if chunks and name and names[-1] == name.group(1):  # HELP and TYPE of one family belong together
-            chunks[-1] += chunk
-        else:
-            chunks.append(chunk)
-            names.append(name.group(1) if name else None)
-    for chunk in chunks:
-        if not chunk.strip():
-            continue
-        try:
-            yield from list(text_string_to_metric_families(chunk))
-        except Exception:  # the parser raises ValueError, TypeError, IndexError, ... on damaged text
-            num_bad[0] += 1
+def _plausible(name: str, value: object) -> float | None:
+    """``value`` if it is a number the series can hold (finite; counts and times >= 0 and below 2**53;
+    queue lengths below 2**31; KV usage a fraction, a hair above 1 read as 1), else ``None``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    value = float(value)
+    if name == "vllm:kv_cache_usage_perc":
+        return min(value, 1.0) if 0.0 <= value <= 1.0 + 1e-6 else None
+    top = MAX_QUEUE if name in GAUGES else MAX_VALUE
+    return value if 0.0 <= value <= top else None
 
 
 def parse(text: str, t_ns: int | None = None) -> Scrape:
-    """The samples of a ``/metrics`` page, one ``MetricsSample`` per ``engine`` label."""
+    """The samples of a ``/metrics`` page, one ``MetricsSample`` per ``engine`` label (at most
+    ``MAX_ENGINES``); every value checked (``_plausible``): a bad one is counted in ``num_malformed``."""
     t_ns = time.perf_counter_ns() if t_ns is None else t_ns
-    num_bad = [0]
+    counts = [0, 0]
     by_engine: dict[str, MetricsSample] = {}
-    wanted_hist = {f"{h}{s}": (h, s) for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
-    for family in _families(text, num_bad):
+    dropped: set[str] = set()
+    for family in families(text, WANTED_SAMPLES, WANTED_BASES, counts):
         for s in family.samples:
-            name, labels, value = s.name, s.labels, s.value
-            if not name.startswith("vllm:"):  # the process's own series (python_gc_*, http_*): not an engine's
+            name, labels = s.name, s.labels
+            if name not in WANTED_SAMPLES:
                 continue
-            if not isinstance(value, (int, float)) or math.isnan(value):
-                num_bad[0] += 1
-                continue
+            value = _plausible(name, s.value) if name != CACHE_INFO else 0.0
             engine = str(labels.get("engine", "0"))
+            if value is None or len(engine) > MAX_LABEL:
+                counts[0] += 1
+                continue
             sample = by_engine.get(engine)
             if sample is None:
+                if len(by_engine) >= MAX_ENGINES:
+                    dropped.add(engine)
+                    continue
                 sample = by_engine[engine] = MetricsSample(t_ns, engine)
-            if sample.model_name is None and "model_name" in labels:
-                sample.model_name = labels["model_name"]
-            if name in GAUGES:
-                sample.gauges[name] = float(value)
-            elif name in COUNTERS:
-                sample.counters[name] = sample.counters.get(name, 0.0) + float(value)
-                split = SPLIT_BY.get(name)
-                if split is not None:
-                    key = f"{name}{{{split}={labels.get(split, '?')}}}"
-                    sample.counters[key] = sample.counters.get(key, 0.0) + float(value)
-            elif name in wanted_hist:
-                _add_hist(sample, *wanted_hist[name], labels, float(value), num_bad)
-            elif name == CACHE_INFO:
-                sample.cache_info = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
+            model = labels.get("model_name")
+            if sample.model_name is None and model and len(model) <= MAX_LABEL:
+                sample.model_name = model
+            if not _add(sample, name, labels, value):
+                counts[0] += 1
     for sample in by_engine.values():
         for h in sample.histograms.values():
             h.buckets.sort()
-    return Scrape(sorted(by_engine.values(), key=lambda s: (len(s.engine), s.engine)), num_bad[0])
+    samples = sorted(by_engine.values(), key=lambda s: (len(s.engine), s.engine))
+    return Scrape(samples, counts[0], truncated=bool(counts[1]), num_engines_dropped=len(dropped))
 
 
-def _add_hist(sample: MetricsSample, base: str, suffix: str, labels: dict, value: float, num_bad: list[int]) -> None:
+def _add(sample: MetricsSample, name: str, labels: dict, value: float) -> bool:
+    """One checked sample into ``sample``; ``False`` if it cannot be used (a bad bucket bound)."""
+    if name in GAUGES:
+        sample.gauges[name] = value
+    elif name in COUNTERS:
+        sample.counters[name] = sample.counters.get(name, 0.0) + value
+        split = SPLIT_BY.get(name)
+        if split is not None:
+            label = str(labels.get(split, "?"))[:MAX_LABEL]
+            key = f"{name}{{{split}={label}}}"
+            if key not in sample.counters and len(sample.counters) >= MAX_COUNTERS:
+                return False
+            sample.counters[key] = sample.counters.get(key, 0.0) + value
+    elif name == CACHE_INFO:
+        sample.cache_info = {k: v for k, v in list(labels.items())[:MAX_INFO_LABELS]
+                             if k not in ("engine", "model_name") and len(v) <= MAX_LABEL}
+    else:
+        return _add_hist(sample, *_HIST_SAMPLES[name], labels, value)
+    return True
+
+
+def _add_hist(sample: MetricsSample, base: str, suffix: str, labels: dict, value: float) -> bool:
     hist = sample.histograms.setdefault(base, Histogram())
     if suffix == "_sum":
         hist.sum += value
@@ -165,17 +194,25 @@ def _add_hist(sample: MetricsSample, base: str, suffix: str, labels: dict, value
         try:
             le = float(labels["le"])
         except (KeyError, ValueError):
-            num_bad[0] += 1
-            return
+            return False
+        if math.isnan(le) or le < 0:
+            return False
         for i, (bound, count) in enumerate(hist.buckets):  # several label sets: add them up
             if bound == le:
                 hist.buckets[i] = (le, count + value)
-                return
+                return True
+        if len(hist.buckets) >= MAX_BUCKETS:
+            return False
         hist.buckets.append((le, value))
+    return True
 
 
 class ScrapeError(Exception):
-    """``/metrics`` could not be fetched (refused, timed out, not HTTP 200, not text)."""
+    """``/metrics`` could not be fetched (refused, timed out, not HTTP 200, not text, a redirect)."""
+
+
+class ScrapeStopped(ScrapeError):
+    """The watch was stopped while a page was being fetched."""
 
 
 def metrics_url(url: str) -> str:
@@ -186,31 +223,42 @@ def metrics_url(url: str) -> str:
     return url if url.endswith("/metrics") else url + "/metrics"
 
 
-def fetch(url: str, timeout: float = 2.0) -> str:
-    """The text of ``url``'s ``/metrics`` page; ``ScrapeError`` saying why not."""
+def fetch_page(url: str, timeout: float = 2.0, cancel: threading.Event | None = None) -> tuple[str, bool]:
+    """The text of ``url``'s ``/metrics`` page and whether it was cut at ``MAX_PAGE_BYTES``; the whole
+    fetch ends within ``timeout`` seconds, or soon after ``cancel`` is set (``ScrapeStopped``).
+    ``ScrapeError`` saying why not."""
     target = metrics_url(url)
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as response:
-            body = response.read(64 << 20)
-    except urllib.error.HTTPError as exc:
-        raise ScrapeError(f"{target}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ScrapeError(f"{target}: {reason}") from None
+        page = get(target, timeout=timeout, max_bytes=MAX_PAGE_BYTES, cancel=cancel)
+    except FetchCancelled:
+        raise ScrapeStopped(f"{target}: the watch was stopped") from None
+    except FetchError as exc:
+        raise ScrapeError(f"{target}: {exc}") from None
+    body = page.body
+    if page.truncated:  # cut at the last whole line
+        body = body[:body.rfind(b"\n") + 1]
     try:
-        return body.decode("utf-8")
+        return body.decode("utf-8"), page.truncated
     except UnicodeDecodeError:
         raise ScrapeError(f"{target}: the page is not UTF-8 text") from None
 
 
-def scrape(url: str, timeout: float = 2.0) -> Scrape:
-    text = fetch(url, timeout)
-    return parse(text, time.perf_counter_ns())
+def fetch(url: str, timeout: float = 2.0, cancel: threading.Event | None = None) -> str:
+    """The text of ``url``'s ``/metrics`` page (see ``fetch_page``)."""
+    return fetch_page(url, timeout, cancel)[0]
+
+
+def scrape(url: str, timeout: float = 2.0, cancel: threading.Event | None = None) -> Scrape:
+    text, truncated = fetch_page(url, timeout, cancel)
+    result = parse(text, time.perf_counter_ns())
+    result.truncated |= truncated
+    return result
 
 
 def restarted(before: MetricsSample, after: MetricsSample) -> bool:
-    """A counter went down: the server behind the URL started again."""
-    return any(after.counters.get(k, 0.0) < v for k, v in before.counters.items())
+    """A counter went down: the server behind the URL started again (a counter missing from ``after``, as
+    on a truncated page, is no restart)."""
+    return any(k in after.counters and after.counters[k] < v for k, v in before.counters.items())
 
 
 def interval(before: MetricsSample | None, after: MetricsSample) -> dict[str, float]:

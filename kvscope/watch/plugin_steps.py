@@ -1,16 +1,27 @@
 """The plugin's step lines (format at the top of ``source.py``) as kvscope records: each vLLM engine step a
 ``StepRecord`` (its batch; the fleet's state after it), each finished request four ``RequestEvent``s whose
 moments are counted back from the step's end with vLLM's own intervals. Every field is read defensively:
-what is missing or not a number counts as 0 (or "not reported")."""
+what is missing or not a number counts as 0 (or "not reported"); a time ``t`` that is no plausible Unix time
+makes the line malformed, and durations beyond ``MAX_SPAN_S``, counts beyond ``MAX_COUNT`` and states out
+of their range are not used (``limits.py``), so no line can overflow a record or a file."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kvscope.telemetry.records import KVState, RequestEvent, StepRecord
-from kvscope.watch.engines import EngineState, count, finite
+from kvscope.watch.engines import EngineState, count, finite_in
+from kvscope.watch.fleet import fleet_kv, fleet_queues
+from kvscope.watch.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_LABEL,
+    MAX_NUM_BLOCKS,
+    MAX_QUEUE,
+    MAX_SPAN_S,
+    MAX_UNIX_TIME,
+)
 
-STATE_FIELDS = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage")
+STATE_FIELDS = {"num_running_reqs": MAX_QUEUE, "num_waiting_reqs": MAX_QUEUE, "kv_cache_usage": 1.0}
 TOTAL_FIELDS = ("num_prompt_tokens", "num_generation_tokens", "num_preempted_reqs", "prefix_cache_queries",
                 "prefix_cache_hits")
 
@@ -22,8 +33,8 @@ def finished_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 def note_step(eng: EngineState, obj: dict[str, Any]) -> None:
     """The engine's latest state and running totals, from one step line."""
-    for name in STATE_FIELDS:
-        value = finite(obj.get(name))
+    for name, top in STATE_FIELDS.items():
+        value = finite_in(obj.get(name), 0.0, top)
         if value is not None:
             eng.plugin[name] = value
     totals = eng.plugin_totals
@@ -44,7 +55,7 @@ def step_record(obj: dict[str, Any], t_ns: int, running: int, waiting: int, kv: 
     default), requests that got their first token finished a prefill (the prompt tokens less the cached
     ones were computed), the others decoded one token each, and the step is an instant."""
     it = obj.get("iteration") if isinstance(obj.get("iteration"), dict) else None
-    elapsed = finite(it.get("elapsed_ms")) if it else None
+    elapsed = finite_in(it.get("elapsed_ms"), 0.0, MAX_SPAN_S * 1e3) if it else None
     t_start = t_ns - int(elapsed * 1e6) if elapsed and elapsed > 0 else t_ns
     if it:
         batch = (count(it.get("num_ctx_requests")), count(it.get("num_ctx_tokens")),
@@ -68,8 +79,8 @@ def request_events(f: dict[str, Any], t_end: int, fallback_id: str) -> list[Requ
     rid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else fallback_id
 
     def span(name: str) -> int:
-        value = finite(f.get(name))
-        return int(value * 1e9) if value is not None and value > 0 else 0
+        value = finite_in(f.get(name), 0.0, MAX_SPAN_S)
+        return int(value * 1e9) if value is not None else 0
 
     first = t_end - span("decode_time_s")
     scheduled = first - span("prefill_time_s")
@@ -82,3 +93,38 @@ def request_events(f: dict[str, Any], t_end: int, fallback_id: str) -> list[Requ
         RequestEvent(first, -1, rid, "first_token", prompt, min(out, 1)),
         RequestEvent(t_end, -1, rid, "finished", prompt, out, reason=reason),
     ]
+
+
+def _start(src: Any, eng: EngineState, obj: dict[str, Any]) -> None:
+    pid = obj.get("pid") if isinstance(obj.get("pid"), int) else None
+    if eng.key in src.plugin_pids and src.plugin_pids[eng.key] != pid:
+        src.faults["plugin_restarts"] += 1
+    src.plugin_pids[eng.key] = pid
+    blocks, size = finite_in(obj.get("num_gpu_blocks"), 1, MAX_NUM_BLOCKS), finite_in(obj.get("block_size"), 1,
+                                                                                         MAX_BLOCK_SIZE)
+    eng.num_gpu_blocks = eng.num_gpu_blocks or (int(blocks) if blocks else None)
+    eng.block_size = eng.block_size or (int(size) if size else None)
+    model = obj.get("model")
+    if isinstance(model, str) and 0 < len(model) <= MAX_LABEL and not src.watch["model"]:
+        src.watch["model"] = model
+
+
+def apply_line(src: Any, eng: EngineState, obj: dict[str, Any]) -> bool:
+    """One plugin line of ``eng`` into the watch; ``False`` if it is malformed (a step without a plausible
+    time: a Unix time from 0 to ``MAX_UNIX_TIME``, so its nanoseconds fit in 64 bits)."""
+    kind = obj.get("type")
+    if kind == "start":
+        _start(src, eng, obj)
+    elif kind == "step":
+        t = finite_in(obj.get("t"), 0.0, MAX_UNIX_TIME)
+        if t is None:
+            return False
+        note_step(eng, obj)
+        if src.plugin_records:
+            t_ns = src.unix_to_ns(t)
+            kv = fleet_kv(src.engines.values(), True)
+            record = step_record(obj, t_ns, *fleet_queues(src.engines.values(), True), kv)
+            events = [e for i, f in enumerate(finished_of(obj))
+                      for e in request_events(f, t_ns, f"{eng.key}#{src.num_lanes + i}")]
+            src.add_record(record, events)
+    return True

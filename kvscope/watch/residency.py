@@ -9,14 +9,30 @@ request holds what (occupancy and fragmentation are not knowable from outside).
 
 ``layout`` draws the tree as an icicle: one row per cached chain (a leaf), one column per block position,
 a shared block spanning the rows of every chain below it.
+
+Bounded for a watch of weeks (``limits.py``): at most ``MAX_RESIDENT`` cached blocks (past it the block
+stored longest ago is forgotten, counted in ``num_forgotten``: a server that never says what it evicted
+cannot grow the watcher without end), and the hashes seen before are remembered for the last
+``MAX_REMEMBERED`` of them only, so ``num_distinct`` (distinct hashes ever stored) is exact until then and
+afterwards counts a hash stored again after that many others as new. The cycle guard walks at most
+``MAX_GUARD_STEPS`` blocks up a chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import islice
 
 from kvscope.watch.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvscope.watch.limits import MAX_GUARD_STEPS, MAX_RESIDENT, Remembered
+
+_MEDIA: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _media(media: frozenset[str]) -> frozenset[str]:
+    """One shared object per set of media (a block's own set would cost 200 bytes a block)."""
+    return _MEDIA.setdefault(media, media) if len(_MEDIA) < 64 else media
 
 
 @dataclass(slots=True)
@@ -25,7 +41,7 @@ class CachedBlock:
     depth: int  # blocks before it in its sequence, as far as the events showed (0: a prompt's first block)
     stored_ns: int  # when it was last stored
     times_stored: int = 1  # > 1: stored again after an eviction (recomputed)
-    media: set[str] = field(default_factory=set)
+    media: frozenset[str] = frozenset()  # shared: one object per set of media (``_media``)
 
 
 @dataclass(slots=True)
@@ -40,9 +56,10 @@ class Residency:
     the per-interval counts; ``num_distinct`` is how many different hashes were ever stored."""
 
     def __init__(self) -> None:
-        self.blocks: dict[str, CachedBlock] = {}
-        self.children: dict[str, set[str]] = {}
-        self.depths: dict[str, int] = {}  # every hash ever stored -> its depth (kept after eviction)
+        self.blocks: dict[str, CachedBlock] = {}  # insertion order: stored longest ago first
+        self.children: dict[str, str | set[str]] = {}  # parent -> its one child, or a set of several
+        self.seen = Remembered()  # the hashes stored before (the last MAX_REMEMBERED) -> depth
+        self.num_forgotten = 0  # cached blocks forgotten to stay within MAX_RESIDENT
         self.block_size: int | None = None
         self.num_stored = 0  # block stores, in total
         self.num_removed = 0  # evictions of blocks this watcher had seen stored
@@ -55,7 +72,7 @@ class Residency:
 
     @property
     def num_distinct(self) -> int:
-        return len(self.depths)
+        return self.seen.num_distinct
 
     @property
     def num_resident(self) -> int:
@@ -88,31 +105,47 @@ class Residency:
         self._interval.stored += 1
         block = self.blocks.get(key)
         if block is not None:  # already cached (another medium, or stored twice)
-            block.media.add(medium)
+            block.media = _media(block.media | {medium})
             block.times_stored += 1
             block.stored_ns = t_ns
             return
         if parent is not None and (parent == key or (self._kids(key) and self._below(parent, key))):
             parent = None  # damaged events would make a cycle (a block its own ancestor): start a new tree
-        known = parent is not None and parent in self.depths
-        depth = self.depths[parent] + 1 if known else 0
-        before = key in self.depths
+        parent_depth = self.seen.get(parent) if parent is not None else None
+        depth = parent_depth + 1 if parent_depth is not None else 0
+        before = self.seen.note(key, depth)
         self.num_restored += before
-        self.depths[key] = depth
-        self.blocks[key] = CachedBlock(parent, depth, t_ns, 2 if before else 1, {medium})
+        if len(self.blocks) >= MAX_RESIDENT:  # a batch at once: a dict's front is slow to pop one by one
+            for old in list(islice(self.blocks, MAX_RESIDENT // 16)):
+                self._forget(old)
+        self.blocks[key] = CachedBlock(parent, depth, t_ns, 2 if before else 1, _media(frozenset((medium,))))
         if parent is not None:
-            self.children.setdefault(parent, set()).add(key)
+            kids = self.children.get(parent)
+            if kids is None or kids == key:
+                self.children[parent] = key
+            elif isinstance(kids, str):
+                self.children[parent] = {kids, key}
+            else:
+                kids.add(key)
 
     def _below(self, key: str, ancestor: str) -> bool:
-        """Whether ``ancestor`` is on the cached path from ``key`` up to its root."""
-        for _ in range(len(self.blocks) + 1):
+        """Whether ``ancestor`` is on the cached path from ``key`` up to its root, as far as
+        ``MAX_GUARD_STEPS`` blocks up (beyond: taken as not, so a guard never walks a whole long chain;
+        a cycle it misses only hides its blocks from the tree, whose walks start at roots)."""
+        for _ in range(MAX_GUARD_STEPS):
             block = self.blocks.get(key)
             if block is None or block.parent is None:
                 return False
             key = block.parent
             if key == ancestor:
                 return True
-        return True  # a cycle already: treat as below
+        return False
+
+    def _forget(self, key: str) -> None:
+        """Drop a cached block to make room (not an eviction the server reported)."""
+        self.num_forgotten += 1
+        block = self.blocks.pop(key)
+        self._unlink(key, block)
 
     def _remove(self, key: str, medium: str) -> None:
         block = self.blocks.get(key)
@@ -120,18 +153,23 @@ class Residency:
             self.num_removed_unseen += 1
             self._interval.removed += 1
             return
-        block.media.discard(medium)
+        block.media = _media(block.media - {medium})
         if block.media:  # still cached elsewhere (e.g. offloaded to the CPU)
             return
         del self.blocks[key]
         self.num_removed += 1
         self._interval.removed += 1
+        self._unlink(key, block)
+
+    def _unlink(self, key: str, block: CachedBlock) -> None:
         if block.parent is not None:
             kids = self.children.get(block.parent)
-            if kids is not None:
+            if kids == key:
+                del self.children[block.parent]
+            elif isinstance(kids, set):
                 kids.discard(key)
-                if not kids:
-                    del self.children[block.parent]
+                if len(kids) == 1:
+                    self.children[block.parent] = kids.pop()
 
     def clear(self) -> None:
         """Forget what is cached (the server restarted: its cache is empty); what was ever stored stays."""
@@ -149,7 +187,8 @@ class Residency:
         return [k for k, b in self.blocks.items() if b.parent is None or b.parent not in self.blocks]
 
     def _kids(self, key: str) -> list[str]:
-        return [c for c in self.children.get(key, ()) if c in self.blocks]
+        kids = self.children.get(key, ())
+        return ([kids] if kids in self.blocks else []) if isinstance(kids, str) else [c for c in kids if c in self.blocks]
 
     def leaves_below(self) -> dict[str, int]:
         """block -> number of cached chains through it (1 for a block no other chain shares); computed once

@@ -13,6 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvscope.watch.check import check_watch
+
+__all__ = ["ENGINE_KEYS", "ESTIMATED", "check_watch", "engine_tracks", "fleet_kpis", "quantile", "watch_summary"]
+
 ESTIMATED = ("ttft_p50_s_estimate", "ttft_p99_s_estimate", "itl_p50_s_estimate", "itl_p99_s_estimate",
              "e2e_p50_s_estimate", "e2e_p99_s_estimate")
 UNKNOWN = ("mean_fragmentation", "peak_fragmentation", "peak_token_usage", "peak_kv_bytes",
@@ -214,53 +218,3 @@ def fleet_kpis(watch: dict) -> dict[str, float | int | None]:
         v["blocks_cached"] = sum(r.get("kv_blocks_resident", 0) for r in residency)
         v["blocks_stored"] = watch.get("kv_blocks_stored") or sum(r.get("kv_blocks_stored", 0) for r in residency)
     return v
-
-
-def _is_num(x: Any, none: bool = True) -> bool:
-    return (x is None and none) or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
-
-
-def _columns(lane: Any, where: str) -> None:
-    if not isinstance(lane, dict) or not isinstance(lane.get("t_ns"), list):
-        raise ValueError(f"{where} is not a lane (columns with t_ns)")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in lane["t_ns"]):
-        raise ValueError(f"{where}: t_ns holds a value that is no integer")
-    for name, values in lane.items():
-        if not isinstance(values, list) or len(values) < len(lane["t_ns"]) or not all(
-                isinstance(v, bool) or _is_num(v) for v in values):
-            raise ValueError(f"{where}.{name} is not a column of numbers as long as t_ns")
-
-
-def check_watch(watch: Any) -> None:
-    """``ValueError`` unless ``watch`` has the shape the panels and reports read (a file may hold anything)."""
-    if not isinstance(watch, dict):
-        raise ValueError("watch is not an object")
-    for key in ("engines", "lanes", "totals", "histograms", "residency", "servers"):
-        if not isinstance(watch.get(key, {}), dict) or not all(isinstance(v, dict) for v in watch.get(key, {}).values()):
-            raise ValueError(f"watch.{key} is not an object of objects")
-    if not _is_num(watch.get("interval_s", 0.5), none=False) or not isinstance(watch.get("t0_ns", 0), int):
-        raise ValueError("watch.interval_s / t0_ns are not numbers")
-    for name, lane in watch.get("lanes", {}).items():
-        _columns(lane, f"watch.lanes[{name!r}]")
-    if "fleet" in watch:
-        _columns(watch["fleet"], "watch.fleet")
-    for name, t in watch.get("totals", {}).items():
-        if not all(_is_num(v) or isinstance(v, dict) for v in t.values()):
-            raise ValueError(f"watch.totals[{name!r}] holds a value that is no number")
-    for name, hists in watch.get("histograms", {}).items():
-        for short, h in hists.items():
-            if not buckets(h) and _dict(h).get("le"):
-                raise ValueError(f"watch.histograms[{name!r}][{short!r}] is not a histogram")
-    for name, res in watch.get("residency", {}).items():
-        layout = res.get("layout")
-        if layout is not None:
-            cols = ("x0", "x1", "y0", "y1", "chains", "key", "stored_ns", "restored")
-            if not isinstance(layout, dict) or not all(isinstance(layout.get(c), list) for c in cols) \
-                    or len({len(layout[c]) for c in cols}) != 1:
-                raise ValueError(f"watch.residency[{name!r}].layout is not an icicle layout")
-        hot = res.get("hot", [])
-        if not isinstance(hot, list) or not all(isinstance(h, list) and len(h) == 3 for h in hot):
-            raise ValueError(f"watch.residency[{name!r}].hot is not a list of [hash, chains, depth]")
-    lost = watch.get("lost", [])
-    if not isinstance(lost, list) or not all(isinstance(s, list) and len(s) == 3 for s in lost):
-        raise ValueError("watch.lost is not a list of [server, t_lost_ns, t_back_ns]")

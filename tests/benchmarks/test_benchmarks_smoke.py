@@ -147,3 +147,13 @@ def test_self_times_subtract_nested_ops():
     assert [category(n) for n in ("mkldnn::_linear_pointwise", "_C::cpu_attention_with_kv_cache",
                                   "aten::index_select", "aten::argmax", "aten::silu", "aten::view")] == \
         ["gemm", "attention", "copies / gathers", "sampling", "elementwise", "other"]
+
+
+def test_simulate_quick():
+    """The simulator against the real engine: every all-at-once case's schedule identical, the errors and the
+    speed printed as figures."""
+    lines = run_benchmark("simulate.py")
+    cases = [line for line in lines if line.startswith(("small pool", "shared prefix"))]
+    assert len(cases) == 2 and all(" identical " in line for line in cases), lines
+    assert all(len(re.findall(r"[+-]\d+\.\d%", line)) == 4 for line in cases), cases
+    assert re.search(r"^500 requests at [0-9.]+ req/s: [0-9.]+ s wall, [\d,]+ simulated requests/s", lines[-1]), lines

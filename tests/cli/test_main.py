@@ -302,7 +302,7 @@ def test_run_and_demo_write_inside_a_folder_given_as_out(tmp_path):
 
 def test_demo_bad_input(capsys, tmp_path):
     assert_usage_error(run_main(capsys, "demo", "--model", "llama-7b"), r"the demo runs 'smollm2' or 'tiny'")
-    assert_usage_error(run_main(capsys, "demo", "--out", str(tmp_path / "no" / "demo")), r"does not exist")
+    assert_usage_error(run_main(capsys, "demo", "--out", str(tmp_path / "no" / "deeper" / "demo")), r"does not exist")
     assert_usage_error(run_main(capsys, "demo", "--requests", "3"), r"unrecognized arguments: --requests")
 
 

@@ -163,7 +163,7 @@ def test_view_perfetto_serves_until_interrupted(run_files, monkeypatch, capsys):
     trace, metrics = run_files
     assert cmd_view_perfetto(parser.parse_args([str(metrics), "--perfetto"])) == 0
     assert served == [200]
-    assert len(opened) == 1 and opened[0].startswith("http://127.0.0.1:") and "#!/?url=" in opened[0]
+    assert len(opened) == 1 and opened[0].startswith("http://127.0.0.1:") and "/open/" in opened[0]
     assert cmd_view_perfetto(parser.parse_args([str(trace), "--perfetto", "--no-browser"])) == 0
     assert len(opened) == 1
     with pytest.raises(CLIError, match="does not exist"):

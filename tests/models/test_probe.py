@@ -143,3 +143,42 @@ def test_positions_counted_outside_position_ids_limit_the_length():
     with pytest.raises(UnsupportedModelError, match="max_num_batched_tokens <= 8191"):
         Engine(model, num_blocks=16, max_model_len=4096, max_num_batched_tokens=10_000)
     assert Engine(model, num_blocks=16, max_model_len=8191).max_model_len == 8191
+
+
+def test_a_window_as_long_as_the_positions_is_full_attention():
+    """Mistral's 4096-token window over 4096 positions (here 48 over 48) can never bite: the probe reads a
+    full mask over every position, takes the layer as full attention and runs it token-identical to
+    transformers' generate. A window shorter than the sequences, given to a layer whose mask has none,
+    is still refused."""
+    config = tiny_config("mistral")
+    config.sliding_window = config.max_position_embeddings = 48
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    prompt = list(range(5, 25))
+    ref = hf_greedy(model, prompt, 24)  # to position 43 of 48
+    engine = Engine(model, num_blocks=32, block_size=4)
+    assert {x.sliding_window for x in engine.spec.layers} == {None}
+    assert engine.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))[0].token_ids == ref
+
+    config.sliding_window = 47  # one short of the positions: the mask has the window, and it is kept
+    windowed = AutoModelForCausalLM.from_config(config).eval()
+    assert {x.sliding_window for x in probe_model(windowed)} == {47}
+    assert {x.sliding_window for x in probe_model(windowed, max_len=40)} == {None}  # no sequence reaches it
+    llama = build_tiny_model("llama")  # its mask is full; a layer that asks for a window of 8 is refused
+    attn = llama.model.layers[0].self_attn
+    attn.register_forward_pre_hook(lambda m, a, k: (a, {**k, "sliding_window": 8}), with_kwargs=True)
+    assert "passes sliding_window=8 but its mask has a window of None" in str(refusal(llama))
+
+
+def test_a_model_that_appends_compressed_keys_is_refused_at_engine():
+    """DeepSeek V4's compressed attention appends one key per 128 tokens (heavily compressed) or per 4:
+    with only 128-token layers the 64-token dense pass sees nothing, and the first step of a long prompt
+    failed with "193 keys for 192 queries". The config shows it: refused at Engine(), naming why."""
+    pytest.importorskip("transformers.models.deepseek_v4")
+    config = tiny_config("deepseek_v4")
+    config.layer_types = ["heavily_compressed_attention"] * config.num_hidden_layers
+    model = AutoModelForCausalLM.from_config(config).eval()
+    error = refusal(model)
+    assert error.model_type == "deepseek_v4" and "appends compressed keys" in str(error)
+    assert "one per 128 tokens" in str(error)
+    assert "one per 4 tokens" in str(refusal(tiny_model("deepseek_v4")))  # its default layers: both kinds

@@ -8,6 +8,7 @@ import argparse
 import ast
 import importlib.util
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -37,6 +38,9 @@ BAD = {
     "--output-len": ["0", "64-16"],
     "--shared-prefix": ["-1", "x"],
     "--ignore-eos": ["yes"],
+    "--no-chat-template": ["yes"],
+    "--rate": ["0", "-2", "inf", "nan", "x"],
+    "--arrival": ["uniform", "gamma", "gamma:0", "gamma:x", "gamma:1000", "poisson:2"],
     "--temperature": ["-1", "inf", "nan", "x"],
     "--top-k": ["-1", "x"],
     "--top-p": ["0", "1.5"],
@@ -52,6 +56,7 @@ BAD = {
     "--profile": ["-1", "x"],
     "--speculative": ["ngram", "ngram:0", "ngram:x", "ngram:4:3-2", "ngram:100", "eagle:3", "draft:tiny",
                       "draft:no-such-model:3"],
+    "--pd": ["1P", "0P1D", "1P17D", "P1D", "1D1P", "x"],
     "--step-delay": ["-1", "nan", "inf", "x"],
     "--trace": ["{tmp}", "{tmp}/no/such/t.json", UNWRITABLE],
     "--metrics": ["{tmp}", UNWRITABLE],
@@ -264,3 +269,17 @@ def test_the_magic_and_the_shared_modules_do_not_import_the_cli(module):
     assert not reachable(module) & CLI_SIDE
     if module != "kvscope.magic.run":
         assert "kvscope.magic.run" not in reachable(module)
+
+
+def test_memory_sizes_refuse_a_bare_number_too_small_to_be_bytes():
+    """``kvscope plan --gpu-mem 40`` was planned as 40 bytes: a bare number below 1 MiB is a unit left out."""
+    from kvscope.options.values import memory_size, nonneg_memory_size
+
+    for text, unit in (("40", "40GiB"), ("1.5", "1.5GiB"), (" 80 ", "80GiB"), ("1048575", "1048575GiB")):
+        with pytest.raises(OptionError, match=f"did you mean {re.escape(unit)}\\?"):
+            memory_size(text)
+    assert memory_size("40GiB") == memory_size("40G") == 40 << 30
+    assert memory_size("1048576") == 1 << 20 and memory_size("512KiB") == 512 << 10  # bytes, or a unit: as given
+    assert nonneg_memory_size("0") == 0
+    with pytest.raises(OptionError, match="did you mean 4GiB"):
+        nonneg_memory_size("4")

@@ -176,6 +176,8 @@ def test_sliding_layers_from_config(tmp_path):
         ({"sliding_window": 512, "sliding_window_pattern": 3}, (512, 4)),  # layers 2 and 5 are full
         ({"sliding_window": 4096}, (4096, 6)),  # Mistral: every layer
         ({"sliding_window": 4096, "use_sliding_window": False}, (0, 0)),  # Qwen 2: a window it does not use
+        ({"sliding_window": 4096, "max_position_embeddings": 4096}, (0, 0)),  # never bites: full attention
+        ({"sliding_window": 4096, "max_position_embeddings": 32768}, (4096, 6)),
         ({"sliding_window": None}, (0, 0)),
     ]
     for extra, expected in cases:

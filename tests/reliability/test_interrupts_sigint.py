@@ -133,7 +133,7 @@ def test_a_stop_signal_to_kvscope_run(tmp_path, signum):
     to kill it outright: no files, no message)."""
     prefix = tmp_path / "run"
     proc, out, err = _kvscope_run(prefix, tmp_path)
-    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signum,))  # the progress bar has started
+    stdout, stderr = _interrupt(proc, out, err, err, "requests: ", (signum,))  # the progress bar has started
 
     assert proc.returncode == 128 + signum, stdout + stderr  # 130, 143, 129
     assert "Traceback" not in stderr, stderr
@@ -153,7 +153,7 @@ def test_more_signals_while_the_files_are_written(tmp_path):
     written whole; a Ctrl-C after them quits at once, and whatever it cut off leaves no temp file."""
     prefix = tmp_path / "run"
     proc, out, err = _kvscope_run(prefix, tmp_path)
-    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP),
+    stdout, stderr = _interrupt(proc, out, err, err, "requests: ", (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP),
                                 gap=0.05)
     assert proc.returncode == 143 and "Traceback" not in stderr, stdout + stderr
     _check_interrupted_files(Path(f"{prefix}.trace.json"), Path(f"{prefix}.metrics.jsonl"))
@@ -162,7 +162,7 @@ def test_more_signals_while_the_files_are_written(tmp_path):
     again = tmp_path / "again"
     again.mkdir()
     proc, out, err = _kvscope_run(again / "run", again)
-    stdout, stderr = _interrupt(proc, out, err, err, "4 requests", (signal.SIGTERM, signal.SIGINT), gap=0.3)
+    stdout, stderr = _interrupt(proc, out, err, err, "requests: ", (signal.SIGTERM, signal.SIGINT), gap=0.3)
     assert proc.returncode in (130, 143), stdout + stderr  # 143: the files were written before the Ctrl-C came
     left = sorted(p.name for p in again.iterdir())
     assert not [name for name in left if name.endswith(".tmp")], left

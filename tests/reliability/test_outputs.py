@@ -107,8 +107,8 @@ def test_a_folder_given_as_out_takes_the_files_inside_it(folder, capsys):
                                                    "kvscope-run.trace.json"]
     assert not [p for p in os.listdir(folder) if p.startswith("runs.")]  # nothing next to it
     assert len(kvscope.load(folder / "runs" / "kvscope-run.trace.json").requests) == 2
-    code = main(["run", "--out", "missing/", "-q"])
-    assert code == 2 and "the folder 'missing/' given as --out does not exist" in capsys.readouterr().err
+    code = main(["run", "--out", "missing/deeper/", "-q"])  # one missing folder is made (tests/cli/test_main.py)
+    assert code == 2 and "the folder of --out 'missing/deeper' does not exist" in capsys.readouterr().err
 
 
 @pytest.fixture

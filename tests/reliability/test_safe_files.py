@@ -33,6 +33,9 @@ ALLOWED = {
                                              "they come (a log, never rewritten, so nothing to replace atomically)",
     ("kvscope/watch/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",
     ("kvscope/watch/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
+    ("kernels/cpu_build.py", "build_once"): "the C++ kernel's build lock file and key.json, in its own build folder "
+                                            "(kernels is a leaf layer: it cannot reach kvscope.utils)",
+    ("kvscope/cli/calibrate.py", "cmd_calibrate"): "LinearStepModel.save, which writes through atomic_write",
 }
 PATH_WRITERS = {"write_text", "write_bytes", "mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile",
                 "export_chrome_trace", "copyfile", "copy2", "copytree", "move"}

@@ -164,3 +164,36 @@ def test_magic_usage_errors():
     with pytest.raises(UsageError, match="closing quotation"):
         magic_sweep('--prompts "unclosed')
     assert magic_sweep("--help") is None
+
+
+def test_repeats_give_a_median_a_range_and_a_noise_mark(monkeypatch):
+    """--repeat 3: each value runs three times after one warm-up run; the table is their median, the range their
+    min-max, and a difference whose ranges overlap is marked ≈ (neither green nor red)."""
+    started = []
+    original = Sweep._one_run
+
+    def counting(self, setup, index):
+        started.append(index)
+        return original(self, setup, index)
+
+    monkeypatch.setattr(Sweep, "_one_run", counting)
+    s = sweep("block_size", [8, 32], num_blocks=24, repeat=3, **SMALL)
+    assert started == [-1, 0, 0, 0, 1, 1, 1]  # the warm-up, then three of each
+    assert len(s.spreads) == 2
+    lo, hi = s.spreads[0]["duration_s"]
+    assert lo <= s.summaries[0]["duration_s"] <= hi
+    assert s.spreads[0]["output_tokens"] == (s.summaries[0]["output_tokens"],) * 2  # the same tokens each time
+    s.spreads[1]["duration_s"] = (lo, hi)  # overlapping ranges: noise
+    assert s.within_noise("duration_s", 1)
+    s.spreads[1]["duration_s"] = (hi * 2, hi * 3)  # apart: a real difference
+    assert not s.within_noise("duration_s", 1)
+    from kvscope.widgets.compare_table import summary_html
+
+    s.spreads[1]["duration_s"] = (lo, hi)
+    assert "≈" in summary_html(s) and "the repeats' range" in summary_html(s)
+
+
+def test_cli_takes_repeat_and_no_warmup():
+    plan = plan_from_args(_args(f"--block-size 8,16 --repeat 2 --no-warmup {SMALL_ARGS}"))
+    assert (plan.repeat, plan.warmup) == (2, False)
+    assert plan_from_args(_args(f"--block-size 8,16 {SMALL_ARGS}")).warmup

@@ -137,3 +137,30 @@ def test_a_huge_prompts_file_is_refused_before_it_is_read_whole(tmp_path, monkey
 def test_per_request_seeds_stay_within_64_bits():
     items = prompts_workload(["a", "b", "c"], seed=1, params=SamplingParams(seed=2**64 - 2))
     assert [i.params.seed for i in items] == [2**64 - 2, 2**64 - 1, 0]
+
+
+def test_arrivals_have_the_rate_and_burstiness_asked_for():
+    import itertools
+    import statistics
+
+    from kvscope.runs.workload import arrival_times
+
+    for cv in (1.0, 3.0):
+        times = arrival_times(20_000, rate=50.0, cv=cv, seed=1)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert times[0] == 0.0 and all(g >= 0 for g in gaps)
+        assert statistics.fmean(gaps) == pytest.approx(1 / 50, rel=0.05)
+        assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.1)
+    assert arrival_times(5, 2.0, seed=3) == arrival_times(5, 2.0, seed=3) != arrival_times(5, 2.0, seed=4)
+
+
+def test_with_arrivals_keeps_lists_lists_and_iterators_lazy():
+    from kvscope.runs.workload import iter_synthetic_workload, synthetic_workload, with_arrivals
+
+    items = synthetic_workload(4, vocab_size=64)
+    assert with_arrivals(items, None) is items
+    timed = with_arrivals(items, 10.0)
+    assert isinstance(timed, list) and [i.prompt for i in timed] == [i.prompt for i in items]
+    lazy = with_arrivals(iter_synthetic_workload(10**9, vocab_size=64), 10.0)
+    first = next(iter(lazy))
+    assert first.arrival_s == 0.0

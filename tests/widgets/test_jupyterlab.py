@@ -23,6 +23,9 @@ from kvscope.widgets.panels.registry import PANELS
 from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
 
 HIDDEN_WITHOUT_SPECULATION = 2  # SpeculationPanel, DraftPageMapPanel
+# the explain panels (prefix-cache misses, why requests waited) draw only once there is something to explain, and
+# recompute at most every 2 s: in a short window either may not have changed yet
+QUIET_EXPLAIN_PANELS = 2
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -173,8 +176,10 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page, artifacts):
     page.screenshot(path=str(artifacts / "jupyterlab_live.png"), full_page=True)
     assert "running" in status and "error" not in status, f"the run should still be going: {status!r}"
     assert _numbers(first) != _numbers(second), f"the KPIs did not change while running:\n{first}\n{second}"
-    # exactly the two speculation panels stay hidden and unchanged in a run without speculation
-    assert len(frozen) == HIDDEN_WITHOUT_SPECULATION, f"panels that did not change while running ({status!r}): {frozen}"
+    # the two speculation panels stay hidden and unchanged in a run without speculation; every other panel changes,
+    # but for the explain panels, which may not have redrawn yet
+    assert HIDDEN_WITHOUT_SPECULATION <= len(frozen) <= HIDDEN_WITHOUT_SPECULATION + QUIET_EXPLAIN_PANELS, \
+        f"panels that did not change while running ({status!r}): {frozen}"
     assert page.evaluate(COUNT_CANVASES_JS) >= 8
 
     # What the browser holds mid-run is whole: no stream lost or applied twice, the page map complete.
@@ -193,3 +198,68 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page, artifacts):
     page.screenshot(path=str(artifacts / "jupyterlab_stopped.png"), full_page=True)
     blocked = [u for u in page.kvscope_log["blocked"] if "127.0.0.1" not in u]
     assert all(not u.startswith(("http://127.0.0.1", "ws://127.0.0.1")) for u in blocked)
+
+
+def _run_first_cells(page, count: int, first: int = 0) -> None:
+    """Run ``count`` code cells from the ``first`` with Shift+Enter, as a user would."""
+    page.locator(".jp-CodeCell").nth(first).click()
+    page.keyboard.press("Escape")  # command mode
+    for _ in range(count):
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_timeout(300)
+
+
+def _dashboard_shows(page, what: str) -> None:
+    """Every plot of a dashboard drawn (BokehJS in the page, no "Click to show javascript error") and its
+    status line running."""
+    page.wait_for_function(f"() => window.Bokeh !== undefined && ({COUNT_VIEWS_JS})('Figure') >= 8",
+                           timeout=60_000)
+    page.wait_for_function(f"() => ({KPI_TEXT_JS})().includes('output tokens/s')", timeout=30_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')].some(e => e.innerText.includes('running'))",
+        timeout=60_000)
+    assert page.get_by_text("javascript error").count() == 0, what
+
+
+def test_the_dashboard_works_after_a_reload_and_a_second_run(lab, page, artifacts):
+    """A second ``%kvscope`` in the same page, then the page reloaded (a new page on the same kernel, without
+    BokehJS) and the cells run again: the already loaded ``%load_ext`` does nothing, and ``%kvscope``'s
+    display must load BokehJS into the new page itself. At the end of the run the replay slider appears."""
+    base, token, _root = lab
+    url = f"{base}/lab/tree/{EXAMPLE.name}?token={token}"
+    page.set_viewport_size({"width": 1600, "height": 2000})
+    page.set_default_timeout(30_000)
+    page.goto(url)
+    page.locator(".jp-NotebookPanel").first.wait_for(state="visible", timeout=60_000)
+    _accept_kernel_dialog(page)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=60_000)
+    _run_first_cells(page, 2)
+    _dashboard_shows(page, "first run")
+    _run_first_cells(page, 1, first=1)  # a second %kvscope in the same page
+    page.wait_for_timeout(3000)  # the first dashboard leaves the output, the second comes
+    _dashboard_shows(page, "second run, same page")
+
+    # The reload: this page goes (no beforeunload prompt), a new one opens the notebook on the same kernel.
+    fresh = page.context.new_page()
+    fresh.set_viewport_size({"width": 1600, "height": 2000})
+    fresh.set_default_timeout(30_000)
+    errors: list[str] = []
+    fresh.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.close()
+    fresh.goto(url)
+    fresh.locator(".jp-NotebookPanel").first.wait_for(state="visible", timeout=60_000)
+    _accept_kernel_dialog(fresh)
+    fresh.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=60_000)
+    assert fresh.evaluate("() => window.Bokeh === undefined")  # a new page: no BokehJS yet
+    _run_first_cells(fresh, 2)  # %load_ext kvscope (already loaded: "already loaded"), %kvscope
+    _dashboard_shows(fresh, "after the reload")
+    assert fresh.get_by_text("already loaded").count() >= 1
+    fresh.wait_for_timeout(1500)
+    fresh.screenshot(path=str(artifacts / "jupyterlab_after_reload.png"))
+
+    fresh.get_by_role("button", name="Stop").click()  # the end of the run: tiles of the run, the replay slider
+    fresh.get_by_text("page map at step").first.wait_for(timeout=30_000)
+    fresh.wait_for_function(f"() => ({KPI_TEXT_JS})().includes('peak KV blocks used')", timeout=30_000)
+    fresh.wait_for_timeout(1000)
+    fresh.screenshot(path=str(artifacts / "jupyterlab_run_end.png"))
+    assert not [e for e in errors if "Bokeh" in e], errors

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from bokeh.document import Document
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ModelChangedEvent
-from bokeh.models import HoverTool, Legend, LinearAxis, PrintfTickFormatter
+from bokeh.models import CustomJSTickFormatter, HoverTool, Legend, LinearAxis
 from bokeh.plotting import figure
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
@@ -180,7 +180,7 @@ def test_the_registry_builds_every_panel_once_in_the_layout_order():
 
     panels = build_panels(LatencyStats(), 10, {"model": "m"})
     names = [p.name for p in panels]
-    assert names == [s.kind.name for s in PANELS] and len(set(names)) == len(names) == 9
+    assert names == [s.kind.name for s in PANELS] and len(set(names)) == len(names) == 11
     assert [type(p) for p in panels] == [s.kind for s in PANELS]
     assert sorted(n for row in ROWS for n in row) == sorted(names)  # the live layout shows each one
     assert panels[0].meta == {"model": "m"} and panels[1].rollover == 10
@@ -193,11 +193,13 @@ def _figures(panels) -> list:
 def test_every_legend_sits_below_its_plot_and_hides_on_click(finished_run):
     _, panels = _fill(finished_run)
     with_legend = {f.title.text: f for f in _figures(panels) if f.select(type=Legend)}
-    assert len(with_legend) == 6, sorted(with_legend)  # memory, occupancy, batch, phases, timeline, drafts
+    # memory, occupancy, batch, phases, timeline, drafts, and the two page maps' keys of states
+    assert len(with_legend) == 8, sorted(with_legend)
     for title, fig in with_legend.items():
         (legend,) = fig.select(type=Legend)
         assert legend in fig.below and legend not in fig.center, title  # never over the data
-        assert legend.orientation == "horizontal" and legend.click_policy == "hide", title
+        policy = "none" if "page map" in title else "hide"  # a key of the cells' looks hides nothing
+        assert legend.orientation == "horizontal" and legend.click_policy == policy, title
         assert all(item.renderers for item in legend.items), title
     timeline = panels["timeline"].figure
     (legend,) = timeline.select(type=Legend)
@@ -213,9 +215,9 @@ def test_the_static_reservation_reads_in_times_the_pool(finished_run):
     fig = panels["occupancy"].figure
     (right,) = [a for a in fig.right if isinstance(a, LinearAxis)]
     assert right.y_range_name == "static" and "x the pool" in right.axis_label
-    assert isinstance(right.formatter, PrintfTickFormatter) and right.formatter.format == "%.1fx"
+    assert isinstance(right.formatter, CustomJSTickFormatter) and right.formatter.args["suffix"] == "x"
     (hover,) = fig.select(type=HoverTool)
-    assert dict(hover.tooltips)["static reservation"] == "@{static_x_pool}{0.0}x"
+    assert dict(hover.tooltips)["static reservation"] == "@{static_x_pool}{0.0[0]}x"
     kv = finished_run.records[-2].kv
     bytes_per_block = next(r.kv.paged_bytes // r.kv.blocks_used for r in finished_run.records if r.kv.blocks_used)
     expected = kv.static_reservation_bytes / (kv.num_blocks * bytes_per_block)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
-NUM_FIGURES = 8 + 2 + 1  # the usual eight, draft tokens + acceptance by position, the draft page map
+NUM_FIGURES = 8 + 1 + 2 + 1  # the usual eight, prefix misses, draft tokens + acceptance, the draft page map
 DATA_JS = """(name) => {
   const m = Bokeh.documents[0].get_model_by_name(name);
   return m.data !== undefined ? Object.fromEntries(Object.entries(m.data).map(([k, v]) => [k, [...v]])) : m.value;

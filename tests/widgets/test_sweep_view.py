@@ -33,7 +33,7 @@ def test_the_view_follows_the_sweep():
     assert "block-size=16" in view.table.value and "kvs-compare-table" in view.table.value
     assert view.current.children == (sweep.current.dashboard.widget,)  # the last run's dashboard
     dashboards = {id(c[0]) for c in shown if c}
-    assert len(dashboards) == 2  # each run's own dashboard was shown in turn
+    assert len(dashboards) == 3  # each run's own dashboard was shown in turn: the warm-up's, then one per value
 
 
 def test_a_failed_run_shows_in_the_view():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bokeh.models import LinearAxis, Range1d
 
 from ..feed import Tick
-from ..theme import add_hover, empty_source, new_figure, stream_rows, style_legend
+from ..theme import COUNT, add_hover, empty_source, format_axis, new_figure, stream_rows, style_legend
 from .base import Panel, PanelContext
 
 
@@ -31,6 +31,8 @@ class BatchPanel(Panel):
         )
         fig.extra_y_ranges = {"requests": Range1d(0, 1)}
         fig.add_layout(LinearAxis(y_range_name="requests", axis_label="requests"), "right")
+        for axis in fig.yaxis:  # tokens (left) and requests (right) are counts
+            format_axis(axis, COUNT)
         fig.line("step", "running", source=self.source, y_range_name="requests", color="#2ca02c", width=2,
                  legend_label="running")
         fig.line("step", "waiting", source=self.source, y_range_name="requests", color="#7f7f7f", width=2,

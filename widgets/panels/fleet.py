@@ -20,6 +20,7 @@ from ..theme import (
     LEGEND_PAD,
     LEGEND_ROW_HEIGHT,
     OWNER_PALETTE,
+    SHARE,
     add_hover,
     empty_source,
     new_figure,
@@ -102,7 +103,7 @@ class FleetPanel(Panel):
         self.rollover = rollover
         self.kv = new_figure("KV cache usage (vllm:kv_cache_usage_perc)", x_axis_label="time (s)",
                              y_range=Range1d(0, 1.05))
-        self.kv.yaxis[0].formatter = tick_formatter("0%")
+        self.kv.yaxis[0].formatter = tick_formatter(SHARE)
         self.tokens = new_figure("Tokens/s (prompt + generation, from counters)", x_axis_label="time (s)")
         self.fleet = empty_source(*_COLUMNS)
         self.kv.line("t", "kv_usage", source=self.fleet, color="black", width=3, legend_label="fleet")

@@ -1,5 +1,11 @@
 """KPI tiles: throughput, queue, KV usage and latency percentiles, as one Bokeh ``Div``.
 
+While the run goes on the tiles show the last step (running / waiting, KV blocks used, the step); once
+it is over (the ``final`` tick) they show the run: the peaks of running / waiting and of KV blocks used,
+the number of steps and the mean throughput, and their labels say so. The last step's values stay in
+``values`` (``running``, ``waiting``, ``kv_usage``): a stopped run ends with everything freed. The
+dashboard's status line carries no number of its own: the step shown is the step the plots show.
+
 The numbers live in ``KpiPanel.source`` (one row, replaced each tick) so tests and reports can read
 them; the ``Div`` shows them. Everything put into the HTML is a number or passes ``html.escape``.
 """
@@ -18,6 +24,7 @@ from .base import Panel, PanelContext
 KPI_FIELDS = (
     "step", "tokens_per_s", "mean_tokens_per_s", "running", "waiting", "finished", "requests",
     "kv_usage", "preemptions", "prefix_hit_rate", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
+    "steps", "peak_running", "peak_waiting", "peak_kv_usage",
 )
 
 _STYLE = (
@@ -52,6 +59,7 @@ class KpiPanel(Panel):
         s = self.stats
         v = self.values
         if tick.steps:
+            self._peaks(tick)
             last = tick.steps[-1]
             v.update(
                 step=last.step, running=last.num_running, waiting=last.num_waiting, kv_usage=last.kv.block_usage,
@@ -71,22 +79,38 @@ class KpiPanel(Panel):
         self.source.data = {k: [float("nan") if v[k] is None else v[k]] for k in KPI_FIELDS}
         self.div.text = self._html()
 
+    def _peaks(self, tick: Tick) -> None:
+        v = self.values
+        v["steps"] = (v["steps"] or 0) + len(tick.steps)
+        for key, values in (("peak_running", [r.num_running for r in tick.steps]),
+                            ("peak_waiting", [r.num_waiting for r in tick.steps]),
+                            ("peak_kv_usage", [r.kv.block_usage for r in tick.steps])):
+            v[key] = max(values if v[key] is None else [v[key], *values])
+
     def _html(self) -> str:
         v = self.values
 
         def num(key: str, fmt: str = "{:,.0f}") -> str:
             return "–" if v[key] is None else fmt.format(v[key])
 
+        if self._final:  # the run, not its last step (which has everything freed)
+            queue = ("peak running / waiting", f"{num('peak_running')} / {num('peak_waiting')}")
+            kv = ("peak KV blocks used", num("peak_kv_usage", "{:.1%}"))
+            step = ("steps", num("steps"))
+        else:
+            queue = ("running / waiting", f"{num('running')} / {num('waiting')}")
+            kv = ("KV blocks used", num("kv_usage", "{:.1%}"))
+            step = ("step", num("step"))
         tiles = [
             ("output tokens/s (run mean)" if self._final else "output tokens/s", num("tokens_per_s", "{:,.1f}")),
-            ("running / waiting", f"{num('running')} / {num('waiting')}"),
+            queue,
             ("finished / requests", f"{num('finished')} / {num('requests')}"),
-            ("KV blocks used", num("kv_usage", "{:.1%}")),
+            kv,
             ("TTFT p50 / p99", f"{_ms(v['ttft_p50'])} / {_ms(v['ttft_p99'])}"),
             ("ITL p50 / p99", f"{_ms(v['itl_p50'])} / {_ms(v['itl_p99'])}"),
             ("preemptions", num("preemptions")),
             ("prefix-cache hits", num("prefix_hit_rate", "{:.1%}")),
-            ("step", num("step")),
+            step,
         ]
         model = self.meta.get("model")
         if model:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource
@@ -10,7 +12,18 @@ from kvscope.telemetry.records import StepRecord
 
 from ..feed import Tick
 from ..stats import LatencyStats
-from ..theme import HEIGHT, PHASE_COLORS, add_hover, empty_source, new_figure, stream_rows, style_legend
+from ..theme import (
+    AMOUNT,
+    COUNT,
+    HEIGHT,
+    PHASE_COLORS,
+    add_hover,
+    empty_source,
+    format_axis,
+    new_figure,
+    stream_rows,
+    style_legend,
+)
 from .base import Panel, PanelContext
 
 PHASES = tuple(PHASE_COLORS)  # schedule, prepare, forward, sample, update
@@ -24,13 +37,43 @@ def phase_row(record: StepRecord) -> dict:
     return row_
 
 
-def histogram(samples_s, bins: int = NUM_BINS) -> dict[str, list[float]]:
-    """Histogram of samples in seconds, as quad columns in milliseconds."""
+OUTLIER_FACTOR = 4.0  # the largest sample this many times past the bulk: the top 1% go to the overflow bin
+OVERFLOW_COLOR = "#d62728"
+HISTOGRAM_COLUMNS = ("left", "right", "count", "color", "label")
+HISTOGRAM_COLORS = {"TTFT": "#ff7f0e", "ITL": "#1f77b4"}
+
+
+def overflow_cap(values_ms: np.ndarray) -> float | None:
+    """Where the histogram's x axis ends when a few samples lie far past the rest (one 8 s stall among
+    20 ms ITLs would squeeze every other sample into one bar): at the largest sample once the top 1%
+    (at least one) is set aside, when the largest of all is more than ``OUTLIER_FACTOR`` times that;
+    else ``None`` (the axis ends at the largest sample)."""
+    if len(values_ms) < 2:
+        return None
+    ordered = np.sort(values_ms)
+    bulk = float(ordered[-(max(1, len(ordered) // 100) + 1)])
+    return bulk if ordered[-1] > OUTLIER_FACTOR * bulk > 0 else None
+
+
+def histogram(samples_s, bins: int = NUM_BINS, color: str = "#1f77b4") -> dict[str, list]:
+    """Histogram of samples in seconds, as quad columns in milliseconds, from 0 (context). Samples past
+    ``overflow_cap`` go to one last bar, drawn apart in ``OVERFLOW_COLOR``, whose label gives their range."""
     if not samples_s:
-        return {"left": [], "right": [], "count": []}
+        return {c: [] for c in HISTOGRAM_COLUMNS}
     values = np.fromiter(samples_s, dtype=float) * 1e3
-    counts, edges = np.histogram(values, bins=bins, range=(0.0, max(values.max(), 1e-3)))  # from 0: context
-    return {"left": edges[:-1].tolist(), "right": edges[1:].tolist(), "count": counts.tolist()}
+    cap = overflow_cap(values)
+    top = cap if cap is not None else max(values.max(), 1e-3)
+    counts, edges = np.histogram(values[values <= top], bins=bins, range=(0.0, top))
+    out = {"left": edges[:-1].tolist(), "right": edges[1:].tolist(), "count": counts.tolist(),
+           "color": [color] * bins, "label": [f"{a:,.2f}–{b:,.2f} ms" for a, b in pairwise(edges)]}
+    if cap is not None:
+        over, width = values[values > cap], top / bins
+        out["left"].append(top + width)
+        out["right"].append(top + 3 * width)
+        out["count"].append(len(over))
+        out["color"].append(OVERFLOW_COLOR)
+        out["label"].append(f"over {cap:,.2f} ms: {over.min():,.2f}–{over.max():,.2f} ms")
+    return out
 
 
 class LatencyPanel(Panel):
@@ -56,28 +99,39 @@ class LatencyPanel(Panel):
              *[(p, f"@{p}{{0.000}} ms") for p in PHASES]],
             mode="vline",
         )
+        format_axis(phases.yaxis[0], AMOUNT)
         style_legend(phases, ncols=5)
         self.ttft_source = ColumnDataSource(histogram([]))
         self.itl_source = ColumnDataSource(histogram([]))
         # As tall as the phases (their legend below adds height): the row's bottoms line up.
-        self.ttft_figure = self._histogram_figure("TTFT (ms)", self.ttft_source, "#ff7f0e", phases.height)
-        self.itl_figure = self._histogram_figure("ITL (ms)", self.itl_source, "#1f77b4", phases.height)
+        self.ttft_figure = self._histogram_figure("TTFT (ms)", self.ttft_source, phases.height)
+        self.itl_figure = self._histogram_figure("ITL (ms)", self.itl_source, phases.height)
         self.phase_figure = phases
         self.model = row(phases, self.ttft_figure, self.itl_figure)
         self._seen = (-1, -1)
 
     @staticmethod
-    def _histogram_figure(title: str, source: ColumnDataSource, color: str, height: int):
+    def _histogram_figure(title: str, source: ColumnDataSource, height: int):
         fig = new_figure(title, width=250, height=height, y_axis_label="count")
-        fig.quad(left="left", right="right", bottom=0, top="count", source=source, color=color, alpha=0.8)
+        fig.quad(left="left", right="right", bottom=0, top="count", source=source, color="color", alpha=0.8)
         fig.xaxis.ticker.desired_num_ticks = 4  # a narrow plot: fewer, readable labels
-        add_hover(fig, [("range", "@left{0.00}–@right{0.00} ms"), ("count", "@count")])
+        format_axis(fig.xaxis[0], AMOUNT)
+        format_axis(fig.yaxis[0], COUNT)
+        add_hover(fig, [("range", "@label"), ("count", "@count")])
         return fig
+
+    @staticmethod
+    def _show_histogram(fig, source: ColumnDataSource, name: str, samples) -> None:
+        """Replace the histogram; its title counts the samples in the overflow bar, if any."""
+        data = histogram(samples, color=HISTOGRAM_COLORS[name])
+        source.data = data
+        over = data["count"][-1] if data["color"] and data["color"][-1] == OVERFLOW_COLOR else 0
+        fig.title.text = f"{name} (ms)" + (f" · {over} far out (red bar)" if over else "")
 
     def update(self, tick: Tick) -> None:
         stream_rows(self.source, [phase_row(r) for r in tick.steps], self.rollover)
         seen = (self.stats.output_tokens, self.stats.num_finished)
         if seen != self._seen or tick.final:  # histograms are small: replace them when samples arrive
             self._seen = seen
-            self.ttft_source.data = histogram(self.stats.ttft)
-            self.itl_source.data = histogram(self.stats.itl)
+            self._show_histogram(self.ttft_figure, self.ttft_source, "TTFT", self.stats.ttft)
+            self._show_histogram(self.itl_figure, self.itl_source, "ITL", self.stats.itl)

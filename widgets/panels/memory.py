@@ -15,12 +15,14 @@ from .base import Panel, PanelContext, kv_bytes_per_block
 MEMORY_STACK = ("weights", "kv_used", "kv_free", "other")
 MEMORY_LABELS = {"weights": "weights", "kv_used": "KV used", "kv_free": "KV free", "other": "other allocator"}
 MEMORY_COLORS = {"weights": "#6baed6", "kv_used": "#fd8d3c", "kv_free": "#fdd0a2", "other": "#bdbdbd"}
+PROBED = ("other", "device_used", "host_rss")  # in the legend once a step has a value (not NaN, not 0)
 
 
 class MemoryPanel(Panel):
     """Weights, KV used / free and other allocator memory, stacked; device used (NVML) as a line when
     the probes have it, host RSS on its own right axis (on a CPU it dwarfs the rest). Absent probes
-    (no GPU) give zero-height bands and no line. Values are in MiB, or GiB for large models."""
+    (no GPU) give zero-height bands and no line, and are left out of the legend until a step has them
+    (``PROBED``). Values are in MiB, or GiB for large models."""
 
     name = "memory"
     title = "Memory"
@@ -46,7 +48,7 @@ class MemoryPanel(Panel):
         rss = fig.line("step", "host_rss", source=self.source, color="#636363", dash="dashed",
                        y_range_name="rss", legend_label="host RSS (right axis)")
         fig.extra_y_ranges["rss"].renderers = [rss]
-        self.rss_axis = LinearAxis(y_range_name="rss", axis_label="host RSS, MiB")
+        self.rss_axis = LinearAxis(y_range_name="rss", axis_label="host RSS, MiB", visible=False)  # with its data
         fig.add_layout(self.rss_axis, "right")
         add_hover(
             fig,
@@ -54,6 +56,10 @@ class MemoryPanel(Panel):
              ("device used", "@device_used{0,0.00}"), ("host RSS", "@host_rss{0,0.00}")],
             mode="vline",
         )
+        items = dict(zip((*MEMORY_STACK, "device_used", "host_rss"), fig.legend[0].items))
+        self.probed = {key: items[key] for key in PROBED}  # shown once a step has the value
+        for item in self.probed.values():
+            item.visible = False
         style_legend(fig, ncols=3)
         self.figure = fig
         self.model = fig
@@ -85,10 +91,15 @@ class MemoryPanel(Panel):
             "weights": weights / scale,
             "kv_used": kv.paged_bytes / scale,
             "kv_free": max((pool or 0) - kv.paged_bytes, 0) / scale,
-            "other": other / scale,
+            "other": other / scale if allocated is not None else nan,
             "device_used": mem.get("device_used_bytes", nan) / scale,
             "host_rss": mem.get("host_rss_bytes", nan) / scale,
         }
 
     def update(self, tick: Tick) -> None:
-        stream_rows(self.source, [self.row(r) for r in tick.steps], self.rollover)
+        rows = [self.row(r) for r in tick.steps]
+        for key, item in self.probed.items():
+            if not item.visible and any(row[key] == row[key] and row[key] > 0 for row in rows):
+                item.visible = True
+                self.rss_axis.visible |= key == "host_rss"
+        stream_rows(self.source, rows, self.rollover)

@@ -12,6 +12,7 @@ from kvscope.telemetry.records import StepRecord
 
 from ..feed import Tick
 from ..theme import (
+    SHARE,
     TIMES,
     add_hover,
     empty_source,
@@ -58,7 +59,7 @@ class OccupancyPanel(Panel):
         fig.extra_y_ranges["static"].renderers = [static]
         fig.add_layout(LinearAxis(y_range_name="static", axis_label="static reservation, x the pool",
                                   formatter=tick_formatter(TIMES)), "right")
-        fig.yaxis[0].formatter = tick_formatter("0%")
+        fig.yaxis[0].formatter = tick_formatter(SHARE)
         add_hover(
             fig,
             [("step", "@step"), ("blocks used", "@block_usage{0.0%}"), ("tokens stored", "@token_usage{0.0%}"),

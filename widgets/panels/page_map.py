@@ -39,11 +39,13 @@ from ..theme import (
     FREE_COLOR,
     HALF_WIDTH,
     HEIGHT,
+    OWNER_PALETTE,
     OwnerColors,
     add_hover,
     columns,
     empty_source,
     new_figure,
+    style_legend,
 )
 from .base import Panel, PanelContext
 
@@ -55,6 +57,13 @@ STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
 SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
 NO_OUTLINE = "rgba(0,0,0,0)"
 DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: block returned, some rejected, all accepted
+# The legend under the map: (label, fill, outline) of one swatch per look of a cell (``cell_style``).
+STATE_LEGEND = (
+    ("free", FREE_COLOR, "#cccccc"),
+    ("cached: no holder, kept for the prefix cache", CACHED_COLOR, NO_OUTLINE),
+    ("used: colour = request, shade = how full", OWNER_PALETTE[0], NO_OUTLINE),
+    ("shared by requests (outlined)", OWNER_PALETTE[0], SHARED_OUTLINE),
+)
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
@@ -137,6 +146,10 @@ class PageMapPanel(Panel):
                          fill_alpha="alpha", line_color="outline", line_width=2)
         fig.axis.visible = False
         fig.grid.visible = False
+        nowhere = [float("nan")]  # swatches only: one point each (a legend draws no swatch without data), not drawn
+        for label, fill, outline in STATE_LEGEND:
+            fig.rect(x=nowhere, y=nowhere, width=1, height=1, fill_color=fill, line_color=outline, line_width=2,
+                     legend_label=label)
         add_hover(fig, [("block", "@blocks"), ("owner", "@owner"), ("tokens", "@filled"), ("state", "@state"),
                         ("holders", "@refs"), ("KV group", "@kv_group")], renderers=[cells])
         self.marks = empty_source("x", "y", "block", "drafted", "accepted", "color")
@@ -146,6 +159,9 @@ class PageMapPanel(Panel):
                                 line_color="#ffffff")
             add_hover(fig, [("block", "@block"), ("draft slots this step", "@drafted"),
                             ("accepted", "@accepted")], renderers=[marks])
+        self.plot_height = fig.height  # the legend adds its rows below
+        style_legend(fig, ncols=2)
+        fig.legend[0].click_policy = "none"  # a key, not a filter
         self.figure = fig
         self.model = fig
 
@@ -158,7 +174,7 @@ class PageMapPanel(Panel):
         self.entries = [FREE_PAGE] * num_blocks
         self.group = math.ceil(num_blocks / self.max_cells)
         self.num_cells = math.ceil(num_blocks / self.group)
-        aspect = (self.figure.width - 40) / max(self.figure.height - 40, 1)
+        aspect = (self.figure.width - 40) / max(self.plot_height - 40, 1)
         self.cols, rows = grid_shape(self.num_cells, aspect)
         self.figure.x_range.update(start=-0.5, end=self.cols - 0.5)
         self.figure.y_range.update(start=rows - 0.5, end=-0.5)  # block 0 at the top left

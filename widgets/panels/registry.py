@@ -27,7 +27,9 @@ from .latency import LatencyPanel
 from .memory import MemoryPanel
 from .occupancy import OccupancyPanel
 from .page_map import PageMapPanel
+from .prefix_misses import PrefixMissesPanel, if_drawn
 from .prefix_tree import PrefixTreePanel
+from .queue_reasons import QueueReasonsPanel
 from .replay import draft_page_map_with_replay, page_map_with_replay
 from .report_parts import ReportContext, ReportPart, if_speculative, shown
 from .speculation import DraftPageMapPanel, SpeculationPanel
@@ -64,6 +66,10 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(BatchPanel, row=2),  # prefill vs decode tokens per step, running/waiting requests
     PanelSpec(LatencyPanel, row=3),  # per-step time by phase; TTFT and ITL histograms
     PanelSpec(TimelinePanel, row=4),  # one lane per request: waiting/prefill/decode/preempted
+    # prompt tokens hit / missed by cause / not reusable (kvscope.explain; hidden without recorded prompts)
+    PanelSpec(PrefixMissesPanel, row=7, report=if_drawn),
+    # queue seconds by why requests were not admitted (kvscope.explain.waits; hidden until a step says why)
+    PanelSpec(QueueReasonsPanel, row=8, report=if_drawn),
     # drafted / accepted / rejected per step, acceptance by draft position (hidden live if the run doesn't
     # speculate), and the draft model's own KV pool (hidden without a draft model)
     PanelSpec(SpeculationPanel, row=5, report=if_speculative),

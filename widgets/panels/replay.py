@@ -10,6 +10,8 @@ plus the diffs after, and styles cells with the same rules as the live panel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bokeh.layouts import column
 from bokeh.models import CustomJS, Div, LayoutDOM, Slider
 
@@ -17,6 +19,13 @@ from kvscope.telemetry.records import PAGE_STATES, PageEntry, StepRecord
 
 from .page_map import CELL_STYLE_JS, DRAFT_MARK_COLORS, STATE_RANK, PageMapPanel
 from .report_parts import RecordedRun, ReportContext
+
+
+def caption(prefix: str, step: int, entries: Sequence[PageEntry]) -> str:
+    """The label under a page map at ``step`` (what ``REPLAY_JS`` writes at every other step)."""
+    used = sum(1 for e in entries if e.state in ("used", "shared"))
+    cached = sum(1 for e in entries if e.state == "cached")
+    return f"{prefix} after step {step}: {used} blocks used, {cached} cached"
 
 
 def _target_pages(record: StepRecord) -> tuple[dict[int, PageEntry], bool]:
@@ -131,8 +140,8 @@ def page_map_with_replay(panel: PageMapPanel, context: ReportContext) -> LayoutD
     slider also moves the draft-slot marks of a run that speculated, and is kept in ``context``."""
     hist = page_map_history(context.run, panel)
     steps = hist["step"]
-    label = Div(text=f"page map after step {steps[-1]}" if steps else "no page map recorded", width=480,
-                name="page-map-label")
+    label = Div(text=caption("page map", steps[-1], panel.entries) if steps else "no page map recorded",
+                width=480, name="page-map-label")
     parts = [panel.model, label]
     if len(steps) > 1:
         slider = Slider(start=steps[0], end=steps[-1], value=steps[-1], step=1, title="replay step", width=480,
@@ -160,7 +169,8 @@ def draft_page_map_with_replay(panel: PageMapPanel, context: ReportContext) -> L
         return None
     parts = [panel.model]
     if context.slider is not None:
-        label = Div(text="draft page map after the last step", width=480, name="draft-page-map-label")
+        last = context.run.records[-1].step if context.run.records else 0
+        label = Div(text=caption("draft page map", last, panel.entries), width=480, name="draft-page-map-label")
         parts.append(label)
         context.slider.js_on_change("value", CustomJS(
             args={"hist": page_map_history(context.run, panel, _draft_pages), "source": panel.source,

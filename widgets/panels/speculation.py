@@ -26,7 +26,16 @@ from bokeh.palettes import RdYlGn11
 from kvscope.telemetry.records import PageEntry, StepRecord
 
 from ..feed import Tick
-from ..theme import FULL_WIDTH, add_hover, empty_source, new_figure, stream_rows, style_legend
+from ..theme import (
+    COUNT,
+    FULL_WIDTH,
+    add_hover,
+    empty_source,
+    format_axis,
+    new_figure,
+    stream_rows,
+    style_legend,
+)
 from .base import Panel, PanelContext
 from .page_map import PageMapPanel
 
@@ -58,6 +67,7 @@ class SpeculationPanel(Panel):
                  legend_label="requests with drafts")
         add_hover(fig, [("step", "@step"), ("drafted", "@drafted"), ("accepted", "@accepted"),
                         ("rejected", "@rejected"), ("requests with drafts", "@requests")], mode="vline")
+        format_axis(fig.yaxis[0], COUNT)
         style_legend(fig, ncols=3)
         self.tokens_figure = fig
 
@@ -67,7 +77,7 @@ class SpeculationPanel(Panel):
         heat.rect("step", "position", width=1, height=0.9, source=self.cells,
                   fill_color={"field": "rate", "transform": mapper}, line_color=None)
         heat.add_layout(ColorBar(color_mapper=mapper, width=8, title="accepted"), "right")
-        heat.yaxis.ticker.desired_num_ticks = 8
+        format_axis(heat.yaxis[0], COUNT)  # draft positions 1..k
         add_hover(heat, [("step", "@step"), ("draft position", "@position"), ("drafted", "@drafted"),
                          ("accepted", "@accepted"), ("share accepted", "@rate{0%}")])
         self.positions_figure = heat

@@ -19,7 +19,18 @@ from bokeh.models import CDSView, ColumnDataSource, GroupFilter
 from kvscope.telemetry.records import RequestEvent, StepRecord
 
 from ..feed import Tick
-from ..theme import FULL_WIDTH, STATE_COLORS, add_hover, columns, empty_source, new_figure, style_legend
+from ..theme import (
+    AMOUNT,
+    COUNT,
+    FULL_WIDTH,
+    STATE_COLORS,
+    add_hover,
+    columns,
+    empty_source,
+    format_axis,
+    new_figure,
+    style_legend,
+)
 from .base import Panel, PanelContext
 
 COLUMNS = ("lane", "left", "right", "state", "request")
@@ -44,6 +55,8 @@ class TimelinePanel(Panel):
         fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
                          x_axis_label="seconds since start", y_axis_label="request")
         fig.y_range.flipped = True
+        format_axis(fig.xaxis[0], AMOUNT)  # seconds: 0.00005 apart in a tiny run, 5 in a long one
+        format_axis(fig.yaxis[0], COUNT)  # lanes
         bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=self.source,
                          view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=state)
                 for state, color in STATE_COLORS.items()]

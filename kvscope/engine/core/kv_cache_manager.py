@@ -134,6 +134,8 @@ class KVCacheManager:
         nothing else, when the pool has too few free blocks.
         """
         bs = self.block_size
+        if hits is None and self.num_groups == 1 and not self.windows[0]:
+            return self._extend(request, num_new_tokens)
         if not isinstance(hits, KVCacheBlocks):  # a plain list: group 0's hits (one group)
             hits = KVCacheBlocks([list(hits or [])], len(hits or []))
         tables = self.tables(request)
@@ -158,6 +160,22 @@ class KVCacheManager:
             if n > 0:
                 table.extend(b.block_id for b in self.pool.allocate(n, g))
         if self.pool.enable_caching:  # only tokens the request has: draft tokens never enter the cache
+            self._offer_full_blocks(request, min(num_total, request.num_tokens))
+        return True
+
+    def _extend(self, request: Request, num_new_tokens: int) -> bool:
+        """``allocate_slots`` of a running request of a one-group, full-attention model (no hits, nothing
+        leaves a window): the same outcome on the path every decode takes, without the general bookkeeping."""
+        table = request.block_ids
+        num_total = request.num_computed_tokens + num_new_tokens
+        need = -(-num_total // self.block_size) - len(table)
+        if need > self.pool.num_free_blocks:
+            return False
+        if request.num_computed_tokens == 0 and self.pool.enable_caching:  # as allocate_slots counts
+            self.pool.prefix_cache_queries += request.num_tokens
+        if need > 0:
+            table.extend(b.block_id for b in self.pool.allocate(need, 0))
+        if self.pool.enable_caching:
             self._offer_full_blocks(request, min(num_total, request.num_tokens))
         return True
 

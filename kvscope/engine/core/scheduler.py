@@ -37,7 +37,12 @@ from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.request import Request, RequestStatus
-from kvscope.telemetry.records import SchedulerStats
+from kvscope.telemetry.records import (
+    WAIT_MAX_NUM_SEQS,
+    WAIT_NO_FREE_BLOCKS,
+    WAIT_TOKEN_BUDGET,
+    SchedulerStats,
+)
 
 
 class Scheduler:
@@ -55,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.wait_reason: str | None = None  # why the last schedule() left requests waiting (WAIT_REASONS)
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -66,8 +72,10 @@ class Scheduler:
         self.kv.begin_step()
         out = SchedulerOutput()
         self._schedule_running(out)
+        reason = WAIT_NO_FREE_BLOCKS  # a running request needed blocks: nobody is admitted in this step
         if not out.preempted:
-            self._schedule_waiting(out)
+            reason = self._schedule_waiting(out)
+        self.wait_reason = reason if self.waiting else None
         return out
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
@@ -96,12 +104,15 @@ class Scheduler:
             self._add(out, request, num_new, len(drafts))
             i += 1
 
-    def _schedule_waiting(self, out: SchedulerOutput) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput) -> str | None:
+        """Admit waiting requests in order; returns why the rest still wait (``WAIT_REASONS``), if any do."""
         cfg = self.config
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
+        while self.waiting:
+            if len(self.running) >= cfg.max_num_seqs:
+                return WAIT_MAX_NUM_SEQS
             budget = cfg.max_num_batched_tokens - out.total_num_tokens
             if budget <= 0:
-                break
+                return WAIT_TOKEN_BUDGET
             request = self.waiting[0]
             final_len = min(
                 request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len
@@ -135,10 +146,10 @@ class Scheduler:
                         ),
                     )
                     continue
-                break
+                return WAIT_TOKEN_BUDGET
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(request, num_new, hits):
-                break  # wait for running requests to free blocks
+                return WAIT_NO_FREE_BLOCKS  # wait for running requests to free blocks
             self.waiting.popleft()
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
@@ -147,6 +158,7 @@ class Scheduler:
             self.running.append(request)
             out.admitted.append(request)
             self._add(out, request, num_new)
+        return None
 
     @staticmethod
     def _fail(request: Request, out: SchedulerOutput, error: str) -> None:

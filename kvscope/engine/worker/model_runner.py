@@ -78,7 +78,7 @@ class ModelRunner:
         The per-request loop only gathers Python lists (``_gather``); positions, slots and offsets are
         computed with numpy over all tokens at once.
         """
-        requests, query_lens, starts = _decodes_first(sched)
+        requests, query_lens, starts = sched.packing_order()
         spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
         token_ids, group_tables = self._gather(requests, query_lens, starts, spec)
         q_lens = np.asarray(query_lens, dtype=np.int64)  # [B]
@@ -207,17 +207,6 @@ def call_model(
     )
     logits = out.logits if hasattr(out, "logits") else out[0]
     return logits[0]  # [S, vocab]
-
-
-def _decodes_first(sched: SchedulerOutput) -> tuple[list[Request], list[int], list[int]]:
-    """The scheduled requests, their new tokens and their computed tokens, in packing order: decodes
-    first, shortest context first (the torch path buckets them by length), then prefills."""
-    order = sorted(
-        range(len(sched.requests)),
-        key=lambda i: (0, sched.requests[i].num_computed_tokens) if sched.num_tokens[i] == 1 else (1, 0),
-    )
-    requests = [sched.requests[i] for i in order]
-    return requests, [sched.num_tokens[i] for i in order], [r.num_computed_tokens for r in requests]
 
 
 def _samples(requests: list[Request], seq_lens: np.ndarray, query_start_loc: np.ndarray,

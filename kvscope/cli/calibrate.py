@@ -1,0 +1,54 @@
+"""``kvscope calibrate RUN -o step.json``: fit a step-time model on a recorded run's own steps and print
+how well it predicts the steps it was not fitted on (``kvscope.sim.calibrate``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvscope.cli.command import Command
+from kvscope.cli.parser import CLIError
+from kvscope.cli.paths import check_output
+from kvscope.options.values import out_path
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="a run's metrics (.metrics.jsonl) or trace (.trace.json); a watched "
+                        "vLLM's too, if it ran with --enable-logging-iteration-details and the kvscope plugin")
+    parser.add_argument("-o", "--output", metavar="FILE", type=out_path, required=True,
+                        help="where to write the step model (JSON), for `kvscope simulate --step-model FILE`")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the file written")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from kvscope.runs.run import load
+    from kvscope.sim.calibrate import describe_fit, fit_step_model
+
+    output = check_output(str(args.output), "step model", "-o", inputs=[Path(args.run)], label="the run")
+    try:
+        run = load(args.run)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"cannot read the run {args.run!r}: {exc}") from None
+    try:
+        model = fit_step_model(run.records, int(run.meta.get("block_size", 16)), str(args.run))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    path = model.save(output)
+    if not args.quiet:
+        print(describe_fit(model))
+        print()
+    print(path)
+    return 0
+
+
+COMMAND = Command(
+    name="calibrate",
+    help="fit a step-time model on a recorded run, for kvscope simulate",
+    description="Fit the step time of a recorded kvscope run as a function of what each step computed "
+                "(prefill and decode tokens, sequences, context read by attention, blocks), per phase, and "
+                "print the error on held-out steps.",
+    epilog="example:\n  kvscope run --requests 64 --out real\n  kvscope calibrate real.metrics.jsonl -o step.json\n"
+           "  kvscope simulate --step-model step.json --requests 256 --rate 50",
+    add_options=_add_options,
+    run=cmd_calibrate,
+)

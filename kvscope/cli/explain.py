@@ -1,0 +1,281 @@
+"""``kvscope explain``: why prefix-cache lookups missed (``kvscope.explain``), three ways in.
+
+- ``kvscope explain RUN``: a recorded run (its queued events carry the prompts' token ids);
+- ``kvscope explain --prompts FILE --tokenizer MODEL_OR_DIR``: a workload, offline: the simulator's engine (the
+  real scheduler and block pool, no model) runs the prompts under ``--block-size``, ``--num-blocks`` /
+  ``--kv-memory`` and ``--max-num-seqs``, so evictions under that memory show;
+- ``--engine vllm``: vLLM's rules for the same prompts sent one after another (``kvscope.explain.sharing.predict_vllm``).
+
+It prints the tokens missed by cause and the top divergence points; ``--json OUT`` writes
+``{"prefix_cache_queries", "prefix_cache_hits", "requests": [...]}`` (one row per request, in arrival order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kvscope.cli.command import Command
+from kvscope.cli.parser import CLIError
+from kvscope.cli.paths import check_output
+from kvscope.options.values import block_size, memory_size, out_path, positive_int
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", metavar="RUN", nargs="?", help="a kvscope run's metrics (.jsonl) or trace (.json)"
+    )
+    parser.add_argument("--prompts", metavar="FILE", help="a workload instead of a run: one prompt per line")
+    parser.add_argument(
+        "--tokenizer",
+        metavar="MODEL_OR_DIR",
+        help="the tokenizer of --prompts (a model folder, tiny, smollm2); shows a run's text too",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("kvscope", "vllm"),
+        default="kvscope",
+        help="kvscope: the engine's own scheduler and pool; vllm: vLLM's rules for the prompts sent "
+        "one after another (its prefix_cache_queries_total / hits_total, predicted)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=block_size,
+        metavar="N",
+        help="tokens per block (default: the run's; 16 for --prompts)",
+    )
+    parser.add_argument(
+        "--num-blocks", type=positive_int, metavar="N", help="KV pool size in blocks (--prompts)"
+    )
+    parser.add_argument(
+        "--kv-memory", type=memory_size, metavar="M", help="KV pool size in bytes (--prompts)"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=positive_int, metavar="N", help="requests running at once (--prompts)"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="output tokens per request of --prompts (default 1)",
+    )
+    parser.add_argument("--top", type=positive_int, default=5, metavar="N", help="divergence points shown")
+    parser.add_argument("--json", type=out_path, metavar="OUT", help="write the per-request rows as JSON")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    if (args.run is None) == (args.prompts is None):
+        raise CLIError(
+            "give a run (kvscope explain RUN) or a workload (--prompts FILE --tokenizer MODEL_OR_DIR)"
+        )
+    if args.prompts is not None and args.tokenizer is None:
+        raise CLIError(
+            "--prompts needs --tokenizer MODEL_OR_DIR: the tokens decide what the prefix cache shares"
+        )
+    if args.run is not None and (args.num_blocks or args.kv_memory or args.max_num_seqs):
+        raise CLIError(
+            "--num-blocks, --kv-memory and --max-num-seqs size an offline simulation: give them with "
+            "--prompts (a recorded run had its own pool)"
+        )
+    if args.num_blocks and args.kv_memory:
+        raise CLIError("give --num-blocks or --kv-memory, not both")
+    inputs = [Path(p) for p in (args.run, args.prompts) if p]
+    output = check_output(str(args.json), "JSON", "--json", inputs=inputs) if args.json else None
+    tokenizer = _tokenizer(args.tokenizer) if args.tokenizer else None
+    if args.engine == "vllm":
+        doc, text = _vllm(args, tokenizer)
+    else:
+        run = _load(args.run) if args.run else _simulate(args, tokenizer)
+        if tokenizer is None and args.run:
+            tokenizer = _tokenizer(str(run.meta.get("model", "")), quiet=True)
+        doc, text = _explain_run(run, tokenizer, args.top)
+    print(text)
+    if output is not None:
+        from kvscope.utils.files import atomic_write
+
+        body = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+        print(atomic_write(output, lambda f: f.write(body)))
+    return 0
+
+
+def _load(path: str):
+    from kvscope.runs.run import load
+
+    try:
+        run = load(path)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"cannot read the run {path!r}: {exc}") from None
+    if "watch" in run.meta:
+        raise CLIError(
+            "a watched vLLM run has no prompts (its records are scrapes of /metrics); explain the "
+            "prompts offline instead: kvscope explain --prompts FILE --tokenizer MODEL --engine vllm"
+        )
+    return run
+
+
+def _tokenizer(name: str, quiet: bool = False) -> Any:
+    from kvscope.models.loader import TINY_ARCHS, build_tiny_tokenizer, load_tokenizer, smollm2_path
+
+    if name == "tiny" or name in (f"tiny-{a}" for a in TINY_ARCHS):
+        return build_tiny_tokenizer()
+    folder = str(smollm2_path()) if name in ("smollm2", "smollm2-135m") and smollm2_path() else name
+    tokenizer = load_tokenizer(folder) if os.path.isdir(folder) or not quiet else None
+    if tokenizer is None and not quiet:
+        raise CLIError(
+            f"no tokenizer at {name!r}: give a model folder with its tokenizer files, tiny or smollm2"
+        )
+    return tokenizer
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
+    """The prompts' token ids: a run's recorded prompts, or the file's lines tokenized as vLLM and kvscope
+    tokenize a completion prompt (``add_special_tokens=True``)."""
+    if args.run:
+        from kvscope.runs.replay import replay_workload
+
+        try:
+            return [list(item.prompt) for item in replay_workload(_load(args.run))]
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+    from kvscope.runs.workload import read_prompts
+
+    try:
+        lines = read_prompts(args.prompts)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return [list(tokenizer.encode(line)) for line in lines]
+
+
+def _decode(tokenizer: Any):
+    if tokenizer is None:
+        return None
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _explain_run(run, tokenizer: Any, top: int) -> tuple[dict[str, Any], str]:
+    from kvscope.explain.prefix import prefix_misses
+    from kvscope.explain.report import (
+        add_text,
+        explain_document,
+        format_report,
+        row_dicts,
+        top_divergences,
+        totals,
+    )
+    from kvscope.explain.waits import format_queue, queue_rows, queue_times, queue_totals
+
+    try:
+        rows = prefix_misses(run.records, run.events, {**run.meta, "t0_ns": run.t0_ns})
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    prompts = {e.request_id: list(e.prompt_token_ids) for e in run.events if e.kind == "queued"}
+    dicts = row_dicts(rows)
+    add_text(dicts, prompts, _decode(tokenizer))
+    summary = totals(rows)
+    last = run.records[-1].kv if run.records else None
+    queries = last.prefix_cache_queries if last else sum(r.num_prompt_tokens for r in rows)
+    hits = last.prefix_cache_hits if last else summary["tokens_hit"]
+    points = top_divergences(dicts, top)
+    waits = queue_times(run.records, run.events)
+    queue = queue_totals(waits)
+    doc = explain_document(
+        dicts,
+        queries,
+        hits,
+        engine="kvscope",
+        block_size=int(run.meta["block_size"]),
+        totals=summary,
+        top_divergences=points,
+        queue_totals=queue,
+        queue=queue_rows(waits),
+    )
+    from kvscope.cli.explain_offline import slow_report
+
+    slow, slow_text = slow_report(run)
+    doc["slow_steps"] = slow
+    return doc, format_report(summary, points, queries, hits) + "\n\n" + format_queue(
+        queue
+    ) + "\n\n" + slow_text
+
+
+def _vllm(args: argparse.Namespace, tokenizer: Any) -> tuple[dict[str, Any], str]:
+    from kvscope.explain.report import add_text, explain_document, format_report, top_divergences
+    from kvscope.explain.sharing import predict_vllm, share_prompts
+
+    prompts = _prompt_ids(args, tokenizer)
+    bs = args.block_size or 16
+    prediction = predict_vllm(prompts, bs)
+    shares = share_prompts([(str(i), p) for i, p in enumerate(prompts)], bs)
+    rows = [
+        {
+            "request_id": s.request_id,
+            "num_prompt_tokens": s.num_prompt_tokens,
+            "num_cached_tokens": hit,
+            "num_reusable_tokens": s.num_reusable_tokens,
+            "miss_cause": None,
+            "diverged_at": s.diverged_at,
+            "diverged_from": s.diverged_from,
+        }
+        for s, hit in zip(shares, prediction.hits)
+    ]
+    add_text(rows, {str(i): p for i, p in enumerate(prompts)}, _decode(tokenizer))
+    points = top_divergences(rows, args.top)
+    summary = {
+        "num_requests": len(rows),
+        "tokens_reusable": sum(r["num_reusable_tokens"] for r in rows),
+        "tokens_missed": 0,
+        "requests_by_cause": {},
+        "tokens_missed_by_cause": {},
+    }
+    doc = explain_document(
+        rows,
+        prediction.prefix_cache_queries,
+        prediction.prefix_cache_hits,
+        engine="vllm",
+        block_size=bs,
+        top_divergences=points,
+    )
+    text = format_report(
+        summary,
+        points,
+        prediction.prefix_cache_queries,
+        prediction.prefix_cache_hits,
+        title=f"vLLM prefix cache (predicted, block size {bs}, prompts sent one after another)",
+    )
+    return doc, text
+
+
+def _simulate(args: argparse.Namespace, tokenizer: Any):
+    from kvscope.cli.explain_offline import simulate_prompts
+
+    try:
+        return simulate_prompts(
+            _prompt_ids(args, tokenizer),
+            args.tokenizer,
+            block_size=args.block_size or 16,
+            num_blocks=args.num_blocks,
+            kv_memory=args.kv_memory,
+            max_num_seqs=args.max_num_seqs,
+            max_tokens=args.max_tokens,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+COMMAND = Command(
+    name="explain",
+    help="why prefix-cache lookups missed: by cause, with the token where prompts diverge",
+    description="Explain a run's prefix-cache misses per request (evicted, in_flight, cache_off, window) against "
+    "what a cache that never evicts and never waits would have served, and where each prompt "
+    "diverged from the earlier one it shares the most with. Without a run, simulate a prompts file "
+    "on the engine's own scheduler and block pool (no model), or predict vLLM's counters.",
+    epilog="examples:\n  kvscope explain run.metrics.jsonl --json why.json\n"
+    "  kvscope explain --prompts prompts.txt --tokenizer smollm2 --num-blocks 64\n"
+    "  kvscope explain --prompts prompts.txt --tokenizer DIR --engine vllm --block-size 32",
+    add_options=_add_options,
+    run=cmd_explain,
+)

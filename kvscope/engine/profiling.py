@@ -1,0 +1,33 @@
+"""``profile`` and ``set_phase_marks``: torch.profiler windows over the engine's steps (a mixin of
+``Engine``, like ``generate.py``; it uses the engine's lock, recorder, runner, device and phase marks)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from kvscope.engine.source import wrap_backend
+from kvscope.telemetry.records import NULL_MARKS, PhaseMarks
+
+
+class ProfilingMixin:
+    def set_phase_marks(self, marks: PhaseMarks | None) -> None:
+        """Report each step's phases to ``marks`` (``begin(phase)``, ``end(step)``), or to nobody
+        with ``None``. One observer at a time: ``RuntimeError`` while another has them."""
+        with self._lock:
+            if marks is not None and self.phase_marks is not NULL_MARKS:
+                raise RuntimeError("a profiling window is already open on this engine")
+            self.phase_marks = marks if marks is not None else NULL_MARKS
+
+    def profile(self, num_steps: int = 3, wait: int = 0, warmup: int = 1, **kwargs):
+        """Capture the next steps with torch.profiler: a started ``telemetry.profiler.Profiler``
+        (also a context manager); per-step kernel time by category lands in ``StepRecord.profile``."""
+        from kvscope.telemetry.profiler import Profiler
+
+        with self._lock:
+            if self.recorder is None:
+                raise ValueError(
+                    "profiling attaches its summaries to step records: create the engine with telemetry=True"
+                )
+            return Profiler(self.recorder, self.set_phase_marks, partial(wrap_backend, self.runner),
+                            cuda=self.device.type == "cuda", num_steps=num_steps, wait=wait, warmup=warmup,
+                            **kwargs).start()

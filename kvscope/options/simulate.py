@@ -1,0 +1,37 @@
+"""The options a simulation adds to the run options (``kvscope simulate`` and ``%kvscope simulate``),
+declared once: what stands in for the model's forward pass, and what it replays."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvscope.options.values import out_path, probability
+
+GPU_NAMES = "a100-40gb, a100-80gb, h100, h100-pcie, h200, l4, a10g, rtx-4090, mi300x"
+
+
+def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) -> None:
+    """The simulation options; ``switch``: also ``--simulate`` (a sweep simulates its runs only when asked)."""
+    sim = parser.add_argument_group("simulation")
+    if switch:
+        sim.add_argument("--simulate", action="store_true", help="simulate each run (kvscope simulate) instead of "
+                         "running the model: a sweep in seconds; needs --step-model, --gpu or --replay")
+    sim.add_argument("--step-model", metavar="FILE", help="step times from a model fitted by `kvscope calibrate`")
+    sim.add_argument("--gpu", metavar="NAME", help=f"step times from a roofline of this GPU's data sheet ({GPU_NAMES}); "
+                     "its memory minus the weights and a 4 GiB activation reserve is the KV pool unless given")
+    sim.add_argument("--replay", metavar="RUN", type=out_path, help="submit a recorded run's requests (prompts, "
+                     "output lengths, arrival times; --rate re-times them) and take its model shape; without "
+                     "--step-model or --gpu, calibrate on that run itself")
+    sim.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="KV and weight dtype (default: "
+                     "bfloat16 with --gpu, else float32 as kvscope run on a CPU)")
+    sim.add_argument("--acceptance-rate", type=probability, metavar="P", help="with --speculative: each draft is "
+                     "accepted with probability P, until the first rejection (measured: a run's spec_acceptance_rate "
+                     "is the share of draft tokens accepted)")
+    sim.add_argument("--static", action="store_true", help="static reservation instead of paging: each running "
+                     "request holds max_model_len slots, so fewer run at once")
+
+
+def simulate_fields(args: argparse.Namespace) -> dict:
+    """``SimSpec``'s fields from parsed options (``kvscope.runs.simulate.SimSpec(**simulate_fields(args))``)."""
+    return {"step_model": args.step_model, "gpu": args.gpu, "replay": str(args.replay) if args.replay else None,
+            "dtype": args.dtype, "static": args.static, "acceptance_rate": args.acceptance_rate}

@@ -1,0 +1,174 @@
+"""The KV connector: a request's KV blocks out of a producer's pages and into a consumer's.
+
+Two transports carry the bytes, chosen by ``kv_connector_extra_config["transport"]``:
+
+- ``"shm"``: the producer writes the blocks into a new POSIX shared-memory segment and hands its name on;
+  the consumer copies them into its pages and unlinks the segment (one machine);
+- ``"zmq"``: each consumer binds a ZeroMQ PULL socket on TCP (``kv_ip``, ``kv_port``); the producer PUSHes
+  the bytes to it and the consumer receives them (works between machines).
+
+The payload is every layer's K then V pages of the blocks, in block order, as raw bytes
+(``pack_blocks`` / ``unpack_blocks``); both sides run the same model, so the shapes agree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+
+from kvscope.pd.config import KVTransferConfig
+
+
+class TransferError(RuntimeError):
+    """A transfer that could not be made (refused, timed out, the bytes never came)."""
+
+
+@dataclass(slots=True)
+class TransferHandle:
+    """What the router carries from producer to consumer: where the bytes are, and how many."""
+
+    transfer_id: str
+    transport: str
+    num_bytes: int
+    segment: str | None = None  # shm: the segment's name
+
+
+def kv_tensors(runner) -> list[torch.Tensor]:
+    """Every layer's K and V page tensors, in layer order (the order both sides pack in)."""
+    return [t for kv in runner.kv_caches for t in kv]
+
+
+def block_nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t[0].numel() * t.element_size() for t in tensors)
+
+
+def pack_blocks(tensors: list[torch.Tensor], block_ids: list[int], out: memoryview) -> int:
+    """Write the pages ``block_ids`` of every tensor into ``out``; returns the bytes written."""
+    dst = torch.frombuffer(out, dtype=torch.uint8) if len(out) else torch.empty(0, dtype=torch.uint8)
+    idx = torch.tensor(block_ids, dtype=torch.long)
+    offset = 0
+    for t in tensors:  # one copy per tensor: gathered straight into the buffer
+        n = len(block_ids) * t[0].numel() * t.element_size()
+        torch.index_select(t, 0, idx, out=dst[offset: offset + n].view(t.dtype).view(len(block_ids), *t.shape[1:]))
+        offset += n
+    return offset
+
+
+def unpack_blocks(tensors: list[torch.Tensor], block_ids: list[int], data: memoryview) -> None:
+    """Copy what ``pack_blocks`` wrote into the pages ``block_ids`` of every tensor."""
+    src = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    idx = torch.tensor(block_ids, dtype=torch.long)
+    offset = 0
+    for t in tensors:
+        shape = (len(block_ids), *t.shape[1:])
+        n = len(block_ids) * t[0].numel() * t.element_size()
+        pages = src[offset: offset + n].view(t.dtype).view(shape)
+        t.index_copy_(0, idx, pages)
+        offset += n
+    if offset != len(data):
+        raise TransferError(f"the transfer holds {len(data)} bytes but {len(block_ids)} blocks take {offset}")
+
+
+class Connector:
+    """One instance's side of the connector (its ``kv_role`` says which side)."""
+
+    def __init__(self, config: KVTransferConfig) -> None:
+        self.config = config
+        self.transport = config.transport
+        self._ctx = self._pull = None
+        self._pushes: dict[str, object] = {}
+        self.address: str | None = None  # a consumer's ZMQ address
+        if self.transport == "zmq" and config.kv_role == "kv_consumer":
+            import zmq
+
+            self._ctx = zmq.Context()
+            self._pull = self._ctx.socket(zmq.PULL)
+            self._pull.setsockopt(zmq.LINGER, 0)
+            if config.kv_port:
+                self._pull.bind(f"tcp://{config.kv_ip}:{config.kv_port}")
+                self.address = f"tcp://{config.kv_ip}:{config.kv_port}"
+            else:
+                port = self._pull.bind_to_random_port(f"tcp://{config.kv_ip}")
+                self.address = f"tcp://{config.kv_ip}:{port}"
+
+    # ---- producer ----------------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], block_ids: list[int], address: str | None) -> TransferHandle:
+        """Pack the blocks and put them on the transport; the handle goes to the consumer."""
+        tid = uuid.uuid4().hex[:16]
+        nbytes = len(block_ids) * block_nbytes(tensors)
+        if self.transport == "shm":
+            if nbytes == 0:
+                return TransferHandle(tid, "shm", 0)
+            seg = shared_memory.SharedMemory(name=f"kvscope_{tid}", create=True, size=nbytes)
+            try:
+                pack_blocks(tensors, block_ids, seg.buf[:nbytes])
+            finally:
+                seg.close()
+                resource_tracker.unregister(seg._name, "shared_memory")  # the consumer unlinks it
+            return TransferHandle(tid, "shm", nbytes, seg.name)
+        buf = bytearray(nbytes)
+        pack_blocks(tensors, block_ids, memoryview(buf))
+        self._push(address).send_multipart([tid.encode(), buf], copy=False)
+        return TransferHandle(tid, "zmq", nbytes)
+
+    def _push(self, address: str | None):
+        if address is None:
+            raise TransferError("the consumer has no ZMQ address")
+        sock = self._pushes.get(address)
+        if sock is None:
+            import zmq
+
+            if self._ctx is None:
+                self._ctx = zmq.Context()
+            sock = self._pushes[address] = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(address)
+        return sock
+
+    # ---- consumer ----------------------------------------------------------------------------
+    def receive(self, tensors: list[torch.Tensor], block_ids: list[int], handle: TransferHandle) -> None:
+        """Copy a transfer's bytes into the pages ``block_ids``."""
+        if handle.num_bytes == 0:
+            return
+        if handle.transport == "shm":
+            seg = shared_memory.SharedMemory(name=handle.segment)
+            try:
+                unpack_blocks(tensors, block_ids, seg.buf[: handle.num_bytes])
+            finally:
+                seg.close()
+                seg.unlink()
+            return
+        frames = self._receive_frames(handle.transfer_id)
+        unpack_blocks(tensors, block_ids, memoryview(frames[1]))
+
+    def _receive_frames(self, transfer_id: str) -> list:
+        if self._pull is None:
+            raise TransferError("this instance has no ZMQ socket (it is not a zmq consumer)")
+        while True:
+            if not self._pull.poll(int(self.config.timeout_s * 1000)):
+                raise TransferError(f"transfer {transfer_id}: no bytes within {self.config.timeout_s} s")
+            frames = self._pull.recv_multipart(copy=False)
+            if frames[0].bytes.decode() == transfer_id:
+                return frames
+            # a stale transfer's bytes (its request failed before the consumer read them): drop them
+
+    def close(self) -> None:
+        for sock in [*self._pushes.values(), self._pull]:
+            if sock is not None:
+                sock.close()
+        if self._ctx is not None:
+            self._ctx.term()
+
+
+def discard(handle: TransferHandle) -> None:
+    """Free a transfer nobody will read (its consumer failed): unlink its shared-memory segment."""
+    if handle.transport == "shm" and handle.segment:
+        try:
+            seg = shared_memory.SharedMemory(name=handle.segment)
+        except FileNotFoundError:
+            return
+        seg.close()
+        seg.unlink()

@@ -1,0 +1,90 @@
+"""``simulated_engine``: an ``Engine`` whose worker is the model-free ``SimWorker`` on a virtual clock.
+
+The scheduler, KV cache manager and block pool are built exactly as ``Engine()`` builds them
+(``engine/build.py``); only the worker differs, so the schedule, the preemptions and the prefix-cache
+hits are the real engine's. Nothing loads or builds a model. The pool is sized like ``Engine()`` sizes
+it: ``num_blocks``, else ``kv_cache_memory`` bytes, else what the KV budget of a GPU plan leaves
+(``kvscope.planning``), else the CPU default.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from kvscope.engine.build import EngineParts
+from kvscope.engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig, cdiv
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.kv_cache_manager import KVCacheManager
+from kvscope.engine.core.kv_groups import single_group
+from kvscope.engine.core.scheduler import Scheduler
+from kvscope.engine.engine import Engine
+from kvscope.engine.spec_decode.speculator import Speculator
+from kvscope.sim.shape import SimShape
+from kvscope.sim.speculative import SimProposer
+from kvscope.sim.step_model import StepTimeModel
+from kvscope.sim.worker import SimWorker
+from kvscope.utils.clock import VirtualClock
+
+WINDOW_STEPS = 4096
+
+
+def pool_blocks(config: EngineConfig, shape: SimShape, kv_budget: int | None = None) -> int:
+    """Blocks in the simulated pool (see the module doc)."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    per_block = shape.spec.kv_bytes_per_block(config.block_size)
+    if config.kv_cache_memory is not None:
+        budget = config.kv_cache_memory
+    elif kv_budget is not None:
+        budget = kv_budget
+    else:  # as Engine() on the CPU: enough for max_num_seqs full-length sequences, capped
+        max_len = config.max_model_len or shape.spec.max_model_len
+        budget = min(DEFAULT_CPU_KV_BYTES, config.max_num_seqs * cdiv(max_len, config.block_size) * per_block)
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(f"a KV budget of {budget} bytes cannot hold one block of {config.block_size} tokens "
+                         f"({per_block} bytes); give more memory or --num-blocks")
+    return blocks
+
+
+def simulated_engine(shape: SimShape, config: EngineConfig, step_model: StepTimeModel, *,
+                     kv_budget: int | None = None, meta: dict[str, Any] | None = None,
+                     clock: VirtualClock | None = None, window_steps: int = WINDOW_STEPS,
+                     acceptance_rate: float | None = None) -> Engine:
+    """An engine that simulates ``shape`` under ``config``, timed by ``step_model``; ``meta`` is added to
+    its run metadata (with ``simulated``: what it stood for and how it was timed). Its recorder keeps the
+    last ``window_steps`` steps (the time series, page map and files of a long simulation are that window;
+    ``LiveRun`` keeps the exact summary of all of it)."""
+    if config.speculative_config is not None and acceptance_rate is None:
+        raise ValueError("a simulation of speculative decoding needs the drafts' acceptance rate: give "
+                         "--acceptance-rate P (each draft accepted with probability P, until the first rejection)")
+    spec = shape.spec
+    max_len = config.max_model_len or spec.max_model_len
+    if max_len > spec.max_model_len:
+        raise ValueError(f"max_model_len={max_len} exceeds what the model supports ({spec.max_model_len})")
+    spec.max_model_len = max_len
+    clock = clock or VirtualClock()
+    num_blocks = pool_blocks(config, shape, kv_budget)
+    kv_config = single_group(spec.num_layers)
+    token = next(t for t in range(max(spec.vocab_size, 1) + len(shape.eos_token_ids) + 1)
+                 if t not in shape.eos_token_ids)
+    worker = SimWorker(step_model, clock, config.block_size, num_blocks, spec.kv_bytes_per_block(config.block_size),
+                       kv_config, token, acceptance_rate=acceptance_rate or 0.0, rng=random.Random(config.seed))
+    speculator = None
+    if config.speculative_config is not None:  # the engine's own Speculator, with placeholder drafts
+        speculator = Speculator(config.speculative_config, SimProposer(token), max_len)
+    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+    kv = KVCacheManager(pool, kv_config, config.max_num_batched_tokens)
+    scheduler = Scheduler(config, kv, max_len, shape.eos_token_ids)
+    simulated = {"step_model": step_model.describe(), "shape_source": shape.source, **(meta or {})}
+    if speculator is not None:
+        simulated["acceptance_rate"] = acceptance_rate
+    extra = {"simulated": simulated, "device": f"simulated ({step_model.name})"}
+    parts = EngineParts(None, shape.tokenizer, shape.name, spec, None, kv_config, worker, pool, kv, scheduler,
+                        speculator, clock, extra)
+    engine = Engine.from_parts(parts, config)
+    if engine.recorder is not None:  # memory bounded at any length: the last window of steps, the exact summary
+        engine.recorder.capacity = window_steps
+        engine.recorder.clear()
+    return engine

@@ -1,0 +1,124 @@
+"""``kvscope calibrate``: fit a ``LinearStepModel`` on a recorded run's own steps.
+
+Each step that computed tokens is one sample: its features (``StepFeatures.of_record``) and its period,
+``t_start`` of the next step minus its own when the engine went straight on (requests were still running
+or waiting after it), else its duration. A watched vLLM's steps count too when its plugin lines carry the
+iteration's details (``--enable-logging-iteration-details``: tokens, requests and ``elapsed_ms``; no context
+lengths, so those features stay unfitted), each step's period then being its own duration. Per phase (steps with a prefill chunk; decode-only steps), the
+coefficients are non-negative least squares (a cost per token is never negative) solved by an active
+set over numpy's ``lstsq``; ordinary, not relative, least squares, so the line gets the *mean* right (a
+run's duration); the scatter around it (``ratio_quantiles``) gets the median right (ITL). Every fifth step
+is held out and the fit is judged on those: per-step relative error of the line (median, p90) and the error
+of their total. Features that never vary in a phase get no coefficient, and say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kvscope.sim.features import FEATURE_NAMES, StepFeatures
+from kvscope.sim.step_model import PHASES, LinearStepModel, PhaseFit
+from kvscope.telemetry.records import StepRecord
+
+HOLD_OUT_EVERY = 5
+MIN_STEPS = 10
+NUM_QUANTILES = 41
+
+
+def step_samples(records: Sequence[StepRecord], block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Features ``[N, F]`` and periods ``[N]`` (seconds) of the steps that computed tokens."""
+    rows, periods = [], []
+    for i, r in enumerate(records):
+        if not r.scheduled and not (r.num_tokens and r.duration_ns > 0):
+            continue  # a state record (nothing ran), or a watched step without its iteration's time
+        period = r.duration_ns
+        nxt = records[i + 1] if i + 1 < len(records) else None
+        if r.scheduled and nxt is not None and nxt.scheduled and (r.num_running or r.num_waiting) \
+                and nxt.t_start_ns >= r.t_end_ns:
+            period = nxt.t_start_ns - r.t_start_ns
+        rows.append(StepFeatures.of_record(r, block_size).values())
+        periods.append(period / 1e9)
+    return np.asarray(rows, dtype=np.float64).reshape(-1, len(FEATURE_NAMES)), np.asarray(periods)
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min ||a x - b|| with x >= 0 (an active set: solve, drop the most negative column, repeat)."""
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0
+            x[active] = sol
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_phase(x: np.ndarray, y: np.ndarray) -> tuple[PhaseFit, list[str]]:
+    """One phase's line (NNLS with an intercept) and scatter; the features it could not fit."""
+    if len(y) == 0:
+        return PhaseFit(0.0, {}), list(FEATURE_NAMES)
+    varying = [j for j in range(x.shape[1]) if np.ptp(x[:, j]) > 0]
+    sol = nnls(np.column_stack([np.ones(len(y)), x[:, varying]]), y)
+    phase = PhaseFit(float(sol[0]), {FEATURE_NAMES[j]: float(c) for j, c in zip(varying, sol[1:])})
+    line = np.array([phase.line(StepFeatures(*map(int, row))) for row in x])
+    ratios = y / np.maximum(line, 1e-9)
+    phase.ratio_quantiles = [float(q) for q in np.quantile(ratios, np.linspace(0, 1, NUM_QUANTILES))]
+    return phase, [FEATURE_NAMES[j] for j in range(x.shape[1]) if j not in varying]
+
+
+def fit_step_model(records: Sequence[StepRecord], block_size: int, source: str = "") -> LinearStepModel:
+    """The step model of a run; ``ValueError`` if it has too few steps to fit."""
+    x, y = step_samples(records, block_size)
+    if len(y) < MIN_STEPS:
+        raise ValueError(f"the run has {len(y)} timed steps that computed tokens; calibrating needs at least "
+                         f"{MIN_STEPS} (run more requests or longer outputs; a watched vLLM must run with "
+                         "--enable-logging-iteration-details and the kvscope plugin, whose step lines then carry each "
+                         "step's tokens and time)")
+    held = np.zeros(len(y), dtype=bool)
+    held[HOLD_OUT_EVERY - 1 :: HOLD_OUT_EVERY] = True
+    prefill = x[:, FEATURE_NAMES.index("prefill_tokens")] > 0
+    phases, unfitted = {}, {}
+    for name, rows in zip(PHASES, (prefill, ~prefill)):
+        phases[name], unfitted[name] = fit_phase(x[rows & ~held], y[rows & ~held])
+    model = LinearStepModel(phases, source=source)
+    model.fit = fit_report(model, x, y, held, unfitted)
+    return model
+
+
+def fit_report(model: LinearStepModel, x: np.ndarray, y: np.ndarray, held: np.ndarray,
+               unfitted: dict[str, list[str]]) -> dict[str, Any]:
+    """How well the model's line predicts the held-out steps (relative errors) and all of them (in total)."""
+    pred = np.array([model.expected(StepFeatures(*map(int, row))) for row in x])
+    test = held if held.any() else ~held
+    rel = np.abs(pred[test] - y[test]) / np.maximum(y[test], 1e-9)
+    return {
+        "steps": len(y),
+        "held_out_steps": int(test.sum()),
+        "held_out_median_abs_error": float(np.median(rel)),
+        "held_out_p90_abs_error": float(np.percentile(rel, 90)),
+        "held_out_total_error": float(pred[test].sum() / y[test].sum() - 1),
+        "all_total_error": float(pred.sum() / y.sum() - 1),
+        "mean_step_s": float(y.mean()),
+        "features_not_varied": unfitted,
+    }
+
+
+def describe_fit(model: LinearStepModel) -> str:
+    """The fit as a few lines for the terminal."""
+    fit = model.fit
+    lines = [f"step model fitted on {fit.get('steps', '?')} steps of {model.source or 'the run'} "
+             f"(mean step {fit.get('mean_step_s', 0) * 1e3:.2f} ms); per phase, a fixed cost plus:"]
+    for name, phase in model.phases.items():
+        terms = ", ".join(f"{k} {v * 1e6:.3g} us" for k, v in phase.coef.items() if v > 0) or "nothing else"
+        q = phase.ratio_quantiles
+        lines.append(f"  {name:<8} {phase.intercept_s * 1e3:.3f} ms + {terms}; scatter x{q[len(q) // 2]:.2f} median "
+                     f"(x{q[len(q) // 10]:.2f}-x{q[-1 - len(q) // 10]:.2f})")
+    lines.append(f"held-out steps ({fit.get('held_out_steps', 0)}): median error "
+                 f"{fit.get('held_out_median_abs_error', 0):.1%}, p90 {fit.get('held_out_p90_abs_error', 0):.1%}, "
+                 f"total {fit.get('held_out_total_error', 0):+.1%}")
+    return "\n".join(lines)

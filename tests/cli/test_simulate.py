@@ -1,0 +1,81 @@
+"""``kvscope calibrate`` and ``kvscope simulate`` as a user runs them: a real run, a fit, a replay and a
+roofline, each writing files that load back and say they are simulated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvscope.runs.run import load
+
+
+def kvscope(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvscope", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sim")
+    done = kvscope("run", "-n", "24", "--num-blocks", "40", "--max-num-seqs", "10", "--shared-prefix", "32",
+                   "--prompt-len", "16-96", "--output-len", "8-32", "--out", "real", "-q", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    fit = kvscope("calibrate", "real.metrics.jsonl", "-o", "step.json", cwd=folder)
+    assert fit.returncode == 0, fit.stderr
+    assert "held-out steps" in fit.stdout
+    return folder
+
+
+def test_calibrate_then_replay_reproduces_the_schedule(recorded):
+    assert json.loads((recorded / "step.json").read_text())["kind"] == "linear"
+    sim = kvscope("simulate", "--step-model", "step.json", "--replay", "real.metrics.jsonl", "--num-blocks", "40",
+                  "--max-num-seqs", "10", "--out", "sim", cwd=recorded)
+    assert sim.returncode == 0, sim.stderr
+    assert "(simulated; fitted: step.json)" in sim.stdout
+    real, simulated = load(recorded / "real.metrics.jsonl"), load(recorded / "sim.trace.json")
+    assert simulated.meta["simulated"]["replay_of"] == "real.metrics.jsonl"
+    for key in ("steps", "preemptions", "prefix_cache_hits", "output_tokens", "requests"):
+        assert simulated.summary()[key] == real.summary()[key], key
+
+
+def test_roofline_static_vs_paged(recorded):
+    """The course's example: a 7B model on a 40 GB A100 runs far more requests at once paged than with a
+    static reservation of max_model_len slots each."""
+    common = ["--gpu", "a100-40gb", "--model", "llama-7b", "--max-model-len", "2048", "-n", "300",
+              "--prompt-len", "200-400", "--output-len", "100-300", "--max-num-seqs", "256",
+              "--max-num-batched-tokens", "8192", "-q"]
+    paged = kvscope("simulate", *common, "--out", "paged", cwd=recorded)
+    static = kvscope("simulate", *common, "--static", "--out", "static", cwd=recorded)
+    assert paged.returncode == 0 and static.returncode == 0, paged.stderr + static.stderr
+    p, s = load(recorded / "paged.metrics.jsonl").summary(), load(recorded / "static.metrics.jsonl").summary()
+    assert s["peak_running"] <= 22 < p["peak_running"]  # 22: (40 GiB - 13 - 4) / 1 GiB per 2048-token request
+    assert p["duration_s"] < s["duration_s"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["simulate", "-n", "4"], "needs a step-time model"),
+    (["simulate", "--gpu", "b300", "-n", "4"], "unknown GPU 'b300'"),
+    (["simulate", "--gpu", "h100", "--model", "mistral-7b", "-n", "4"], "sliding-window"),
+    (["simulate", "--step-model", "missing.json", "-n", "4"], "kvscope calibrate"),
+    (["calibrate", "real.metrics.jsonl", "-o", "real.metrics.jsonl"], "would destroy that run"),
+    (["simulate", "--gpu", "h100", "--speculative", "ngram:4", "-n", "4"], "--acceptance-rate"),
+    (["simulate", "--gpu", "h100", "--acceptance-rate", "1.5", "-n", "4"], "probability between 0 and 1"),
+    (["simulate", "--replay", "real.metrics.jsonl", "-n", "4"], "leave out --requests"),
+    (["run", "-n", "4", "--arrival", "gamma:2"], "needs --rate"),
+    (["run", "-n", "4", "--rate", "0"], "positive number of requests per second"),
+])
+def test_refusals_name_the_fix(recorded, args, message):
+    done = kvscope(*args, cwd=recorded)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr
+
+
+def test_sweep_simulate_sweeps_a_setting_without_the_model(recorded):
+    done = kvscope("sweep", "--simulate", "--step-model", "step.json", "--block-size", "8,32", "-n", "60",
+                   "--rate", "20", "--num-blocks", "64", "-o", "sw.html", "-q", cwd=recorded)
+    assert done.returncode == 0, done.stderr
+    rows = (recorded / "sw.csv").read_text().splitlines()
+    assert len(rows) == 3  # a header and one row per block size

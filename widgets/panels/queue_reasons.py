@@ -1,0 +1,82 @@
+"""Why requests waited (``kvscope.explain.waits``), live and in the report.
+
+``QueueReasonsPanel``: the seconds requests spent in the waiting queue over the run, one bar per reason: the
+step's token budget was spent, ``max_num_seqs`` requests were running, the pool had no free blocks, the request
+was preempted and waits to be recomputed, or it arrived while a step ran; a line above gives the preemptions and
+the tokens recomputed after them. Recomputed like ``PrefixMissesPanel`` (at most every ``REFRESH_S`` seconds,
+and at the end); hidden while no step has recorded a reason and nobody was preempted.
+"""
+
+from __future__ import annotations
+
+import html
+
+from bokeh.layouts import column
+from bokeh.models import Div, FactorRange
+
+from kvscope.explain.waits import UNKNOWN, queue_times, queue_totals
+from kvscope.telemetry.records import WAIT_REASONS
+
+from ..feed import Tick
+from ..theme import AMOUNT, FULL_WIDTH, add_hover, empty_source, format_axis, new_figure
+from .prefix_misses import PrefixMissesPanel
+
+REASONS = (*WAIT_REASONS, UNKNOWN)
+COLORS = {
+    "token_budget": "#1f77b4",
+    "max_num_seqs": "#ff7f0e",
+    "no_free_blocks": "#d62728",
+    "preempted": "#9467bd",
+    "step_in_progress": "#c7c7c7",
+    UNKNOWN: "#7f7f7f",
+}
+
+
+class QueueReasonsPanel(PrefixMissesPanel):
+    name = "queue_reasons"
+    title = "Why requests waited"
+
+    def build(self) -> None:
+        self.source = empty_source("reason", "seconds", "share", "color")
+        fig = new_figure(
+            self.title,
+            width=FULL_WIDTH,
+            height=210,
+            y_range=FactorRange(*reversed(REASONS)),
+            x_axis_label="seconds in the waiting queue (all requests)",
+        )
+        fig.hbar(y="reason", right="seconds", height=0.7, source=self.source, color="color")
+        format_axis(fig.xaxis[0], AMOUNT)
+        add_hover(
+            fig,
+            [("reason", "@reason"), ("seconds", "@seconds{0.000}"), ("share of queue time", "@share{0%}")],
+        )
+        self.figure = fig
+        self.div = Div(text="", width=FULL_WIDTH)
+        self.model = column(self.div, fig, visible=False)
+
+    def changed(self, tick: Tick) -> bool:
+        return any(e.kind in ("scheduled", "resumed") for e in tick.events)
+
+    def refresh(self) -> None:
+        if not any(r.wait_reason for r in self.records) and not any(
+            e.kind == "preempted" for e in self.events
+        ):
+            return
+        totals = queue_totals(queue_times(self.records, self.events))
+        queue = float(totals["queue_s"]) or 1.0
+        seconds = [float(totals[f"queue_{r}_s"]) for r in REASONS]
+        self.source.data = {
+            "reason": list(REASONS),
+            "seconds": seconds,
+            "share": [s / queue for s in seconds],
+            "color": [COLORS[r] for r in REASONS],
+        }
+        facts = [
+            ("in the queue", f"{totals['queue_s']:.3f} s"),
+            ("preemptions", f"{totals['num_preemptions']:,d}"),
+            ("tokens recomputed", f"{totals['num_recomputed_tokens']:,d}"),
+        ]
+        items = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
+        self.div.text = f"<div style='font-family:sans-serif;font-size:13px'><b>Waiting</b> — {items}</div>"
+        self.model.visible = True
