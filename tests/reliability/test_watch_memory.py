@@ -137,14 +137,24 @@ def test_lanes_roll_over_without_losing_counts():
 
 def test_a_busy_servers_watch_stops_growing():
     """A shorter ``week_sim.py``: past every bound (records, lanes, cached and remembered blocks), more
-    polls cost no more memory."""
+    polls cost no more memory.
+
+    RSS is not monotone here: the remembered hashes live in two generations that swap every ~16,000
+    polls (``limits.Remembered``), so RSS swings by ~50 MiB within one period. The test compares the
+    peak of three chunks (more than a period) with the peak of the next three; an unbounded store
+    (~115 MiB per million distinct blocks, as before) would add ~66 MiB between them."""
     from week_sim import Week
     from week_sim import rss_mib as settled_rss
 
     week = Week(blocks_per_poll=32)
     week.run(max(MAX_RECORDS, MAX_REMEMBERED // 32) + 500)  # every bound reached (lanes: MAX_LANE_ROWS)
-    filled = settled_rss()
-    week.run(6000)
-    grew = COUNTS["simulated busy server: MiB grown after the bounds"] = round(settled_rss() - filled, 1)
-    assert len(week.source.engines["127.0.0.1:8000/0"].residency.blocks) <= MAX_RESIDENT
-    assert grew < 24, grew  # before: ~115 MiB per million distinct blocks, lanes +76 MiB per 200,000 polls
+    peaks = []
+    for _ in range(6):
+        week.run(6000)
+        peaks.append(settled_rss())
+    grew = round(max(peaks[3:]) - max(peaks[:3]), 1)
+    COUNTS["simulated busy server: MiB grown after the bounds (peak of 3 chunks vs the next 3)"] = grew
+    engine = week.source.engines["127.0.0.1:8000/0"]
+    assert len(engine.residency.blocks) <= MAX_RESIDENT
+    assert len(week.buffer._records) <= MAX_RECORDS
+    assert grew < 24, (grew, peaks)
