@@ -139,22 +139,26 @@ def test_a_busy_servers_watch_stops_growing():
     """A shorter ``week_sim.py``: past every bound (records, lanes, cached and remembered blocks), more
     polls cost no more memory.
 
-    RSS is not monotone here: the remembered hashes live in two generations that swap every ~16,000
-    polls (``limits.Remembered``), so RSS swings by ~50 MiB within one period. The test compares the
-    peak of three chunks (more than a period) with the peak of the next three; an unbounded store
-    (~115 MiB per million distinct blocks, as before) would add ~66 MiB between them."""
+    Neither measure is monotone here: the remembered hashes live in two generations that swap every
+    ~16,000 polls (``limits.Remembered``), so the live objects swing by ~20% within one period, and RSS
+    (glibc keeps freed memory) ratchets up by tens of MiB before it settles. The test compares the peak
+    of three chunks (more than a period) with the peak of the next three, in live Python allocations
+    (``sys.getallocatedblocks``: no allocator noise): an unbounded store (as before: every hash, every
+    block kept) adds ~540,000 of them per chunk: +34% over three, measured by lifting the bounds."""
+    import sys
+
     from week_sim import Week
     from week_sim import rss_mib as settled_rss
 
     week = Week(blocks_per_poll=32)
     week.run(max(MAX_RECORDS, MAX_REMEMBERED // 32) + 500)  # every bound reached (lanes: MAX_LANE_ROWS)
-    peaks = []
+    objects, rss = [], []
     for _ in range(6):
         week.run(6000)
-        peaks.append(settled_rss())
-    grew = round(max(peaks[3:]) - max(peaks[:3]), 1)
-    COUNTS["simulated busy server: MiB grown after the bounds (peak of 3 chunks vs the next 3)"] = grew
-    engine = week.source.engines["127.0.0.1:8000/0"]
-    assert len(engine.residency.blocks) <= MAX_RESIDENT
-    assert len(week.buffer._records) <= MAX_RECORDS
-    assert grew < 24, (grew, peaks)
+        rss.append(settled_rss())  # collects garbage first
+        objects.append(sys.getallocatedblocks())
+    grew = max(objects[3:]) / max(objects[:3]) - 1
+    COUNTS["simulated busy server: live allocations grown after the bounds, %"] = round(100 * grew, 1)
+    COUNTS["simulated busy server: RSS MiB grown after the bounds"] = round(max(rss[3:]) - max(rss[:3]), 1)
+    assert len(week.source.engines["127.0.0.1:8000/0"].residency.blocks) <= MAX_RESIDENT
+    assert grew < 0.10, (objects, rss)
