@@ -15,9 +15,18 @@ much less (with ``--threads 1`` especially). Last, telemetry's own time per step
 timed directly) is the cost itself, free of run-to-run noise.
 
 ``MODES`` lists what is compared: a name, whether the engine records, and an optional
-``attach(engine)`` called before each timed run that returns a ``detach()``. The third mode attaches
-the live dashboard headless (``kvscope.widgets.dashboard.attach_headless``): its update thread
-ticks at the default rate and serializes every tick's Bokeh patch as a browser would be sent it.
+``attach(engine)`` called before each timed run that returns a ``detach()``. "telemetry on" records
+everything a step has (the records, the page map, wait reasons, GC time, the prompts' token ids that
+``kvscope explain`` reads: none of these can be turned off); "everything on" adds ``--capture-slow``
+armed (``Engine.capture_slow``: the run's own step model judges every step) with a rule no step meets
+(1000x its prediction and 10 s over), so the per-step check runs and no profiler window opens; the
+run fails if one did. The last mode attaches the live dashboard headless
+(``kvscope.widgets.dashboard.attach_headless``): its update thread ticks at the default rate and
+serializes every tick's Bokeh patch as a browser would be sent it.
+
+"Before" and "after" in one process: "telemetry on" is the tree before ``--capture-slow``, "everything
+on" the tree with it armed; the direct figures (thread CPU time of the recorder, and of the capture's
+check, per step, as a share of the step's) are the costs themselves.
 """
 
 from __future__ import annotations
@@ -45,7 +54,20 @@ class Mode:
     attach: Callable[[Engine], Callable[[], None]] | None = None
 
 
-MODES: list[Mode] = [Mode("telemetry off", False), Mode("telemetry on", True)]
+def arm_capture(engine: Engine) -> Callable[[], None]:
+    """``--capture-slow 5`` armed with a rule no step meets: the check runs on every step, no window opens."""
+    capture = engine.capture_slow(5, ratio=1000.0, min_excess_s=10.0)
+
+    def detach() -> None:
+        capture.stop()
+        if capture.windows or capture.error:
+            raise RuntimeError(f"--capture-slow opened a window in the overhead benchmark: {capture.describe()}")
+
+    return detach
+
+
+EVERYTHING = "everything on (+ --capture-slow armed)"
+MODES: list[Mode] = [Mode("telemetry off", False), Mode("telemetry on", True), Mode(EVERYTHING, True, arm_capture)]
 
 try:  # the live dashboard's update code, ticking on its own thread with no browser (kvscope.widgets)
     from kvscope.widgets.dashboard import attach_headless
@@ -80,12 +102,13 @@ def run_once(engine: Engine, mode: Mode, work: list[WorkItem]) -> tuple[float, f
     return tokens / elapsed, tokens / cpu
 
 
-def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
-    """(recorder CPU microseconds per step, its share of the steps' CPU time) over one untimed run.
+def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float, float, float]:
+    """(recorder CPU microseconds per step, its share of the steps' CPU time, and the same two for the
+    ``--capture-slow`` check alone) over one untimed run with the capture armed as in "everything on".
 
     Thread CPU time (``thread_time_ns``) of ``EngineSource.record`` (the step's batch summary and counters, and
-    ``Recorder.record_step``) and of ``Engine.step``: unlike wall time it
-    does not count the moments another process held the core. With several torch threads the step's
+    ``Recorder.record_step``, whose subscribers include the capture's check) and of ``Engine.step``: unlike wall
+    time it does not count the moments another process held the core. With several torch threads the step's
     worker-thread time is left out, which overstates the share (a safe error).
     """
     recorder = engine.recorder
@@ -93,7 +116,17 @@ def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
         raise ValueError("recorder_cost needs an engine with telemetry on")
     in_record: list[int] = []
     in_step: list[int] = []
+    in_check: list[int] = []
     record_step, step = engine.source.record, engine.step
+    capture = engine.capture_slow(5, ratio=1000.0, min_excess_s=10.0)
+    check = capture._on_record  # the capture's subscriber, timed in its place
+
+    def timed_check(item):
+        t = time.thread_time_ns()
+        check(item)
+        in_check.append(time.thread_time_ns() - t)
+
+    recorder.subscribers[recorder.subscribers.index(check)] = timed_check
 
     def timed_record(*args, **kwargs):
         t = time.thread_time_ns()
@@ -114,7 +147,11 @@ def recorder_cost(engine: Engine, work: list[WorkItem]) -> tuple[float, float]:
         engine.generate([w.prompt for w in work], [w.params for w in work])
     finally:
         del engine.source.record, engine.step
-    return sum(in_record) / len(in_record) / 1e3, sum(in_record) / sum(in_step)
+        recorder.subscribers.remove(timed_check)
+        capture.stop()
+    assert not capture.windows, "the capture opened a window"
+    n, step_ns = len(in_record), sum(in_step)
+    return sum(in_record) / n / 1e3, sum(in_record) / step_ns, sum(in_check) / n / 1e3, sum(in_check) / step_ns
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -158,11 +195,11 @@ def main(argv: list[str] | None = None) -> dict:
             wall[mode.name].append(w)
             cpu[mode.name].append(c)
             print(
-                f"repeat {r + 1}/{repeats} {mode.name:36s} {w:8.1f} tok/s {c:8.1f} tok/CPU-s", file=sys.stderr
+                f"repeat {r + 1}/{repeats} {mode.name:40s} {w:8.1f} tok/s {c:8.1f} tok/CPU-s", file=sys.stderr
             )
 
     off = MODES[0].name
-    record_us, record_share = recorder_cost(engines["telemetry on"], work)
+    record_us, record_share, check_us, check_share = recorder_cost(engines["telemetry on"], work)
     modes = {}
     for name in wall:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
@@ -186,20 +223,28 @@ def main(argv: list[str] | None = None) -> dict:
         "modes": modes,
         "record_step_cpu_us": record_us,
         "record_share_of_step_cpu": record_share,
+        "capture_check_cpu_us": check_us,
+        "capture_check_share_of_step_cpu": check_share,
     }
     print(
         f"\nmodel {args.model}, {n} requests, {report['output_tokens']} output tokens, {repeats} interleaved "
         f"repeats, {report['threads']} threads"
     )
     print(
-        f"{'mode':36s} {'tok/s':>9s} {'vs off':>7s} {'paired':>7s} {'tok/CPU-s':>10s} {'vs off':>7s} {'paired':>7s}"
+        f"{'mode':40s} {'tok/s':>9s} {'vs off':>7s} {'paired':>7s} {'tok/CPU-s':>10s} {'vs off':>7s} {'paired':>7s}"
     )
     for name, row in modes.items():
         print(
-            f"{name:36s} {row['median_tok_s']:9.1f} {row['ratio_to_off']:7.3f} {row['paired_ratio_to_off']:7.3f} "
+            f"{name:40s} {row['median_tok_s']:9.1f} {row['ratio_to_off']:7.3f} {row['paired_ratio_to_off']:7.3f} "
             f"{row['median_tok_cpu_s']:10.1f} {row['cpu_ratio_to_off']:7.3f} {row['paired_cpu_ratio_to_off']:7.3f}"
         )
-    print(f"recorder: {record_us:.0f} us CPU per step = {100 * record_share:.2f}% of the steps' CPU time")
+    on, every = modes["telemetry on"], modes[EVERYTHING]
+    print(f"RATIO everything on / telemetry on: {every['median_tok_cpu_s'] / on['median_tok_cpu_s']:.3f} "
+          f"(tok/CPU-s; paired vs off: {on['paired_cpu_ratio_to_off']:.3f} before, "
+          f"{every['paired_cpu_ratio_to_off']:.3f} after)")
+    print(f"capture-slow check: {check_us:.1f} us CPU per step = {100 * check_share:.3f}% of the steps' CPU time")
+    print(f"recorder: {record_us:.0f} us CPU per step = {100 * record_share:.2f}% of the steps' CPU time "
+          "(with the capture's check)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -1,17 +1,18 @@
 """How close a simulation comes to the real engine (issue 22), and how fast it runs.
 
-Calibrate on one real run of the tiny model, then for each case run the real engine and simulate the same
+Calibrate on one real run (smollm2 by default), then for each case run the real engine and simulate the same
 requests (a replay of the real run's files) under the case's settings: the schedule (steps, preemptions,
 prefix-cache hits, peak blocks) must be identical; the table prints the errors of TTFT p50, ITL p50, duration
 and throughput. Then the simulator's own speed: simulated requests per second at up to 256 running.
 
-    python benchmarks/simulate.py            # the error table and the speed
+    python benchmarks/simulate.py            # the error table (smollm2; --model tiny) and the speed
     python benchmarks/simulate.py --scale N  # also one simulation of N requests (10**6: minutes), its memory
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import tempfile
 import time
@@ -52,14 +53,15 @@ def workload(seed, prompt, output, prefix, rate, n=64):
     return with_arrivals(items, rate, seed=seed)
 
 
-def accuracy(folder: Path, cases: list[str]) -> None:
-    calib = run_live(Engine("tiny", num_blocks=256, max_num_seqs=16), workload(1, (16, 160), (8, 64), 32, None, 96))
+def accuracy(folder: Path, cases: list[str], model_name: str = "tiny") -> None:
+    calib = run_live(Engine(model_name, num_blocks=256, max_num_seqs=16),
+                     workload(1, (16, 160), (8, 64), 32, None, 96))
     model = fit_step_model(calib.records, 16, "calibration run")
     print(describe_fit(model), "\n")
     print(f"{'case':<22} {'schedule':<10} " + " ".join(f"{k:>20}" for k in KEYS))
     for name in cases:
         cfg, seed, prompt, output, prefix, rate = CASES[name]
-        real = run_live(Engine("tiny", **cfg), workload(seed, prompt, output, prefix, rate))
+        real = run_live(Engine(model_name, **cfg), workload(seed, prompt, output, prefix, rate))
         path = real.save_metrics(folder / f"{seed}.metrics.jsonl")
         recorded = load(path)
         sim = run_live(simulated_engine(shape_of_run(recorded.meta), EngineConfig(**cfg), model),
@@ -81,12 +83,13 @@ def speed(n: int, rate: float) -> None:
     engine = simulated_engine(shape, cfg, model)
     items = with_arrivals(iter_synthetic_workload(n, (64, 512), (32, 256), vocab_size=32000, seed=0), rate)
     live = LiveRun(engine, items, dashboard=False, keep_outputs=False)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     live.start().wait()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # CPU time: steady on a shared machine
     s = live.run.summary()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\n{n:,} requests at {rate:g} req/s: {wall:.1f} s wall, {n / wall:,.0f} simulated requests/s, "
+    print(f"\n{n:,} requests at {rate:g} req/s: {wall:.1f} s wall, {n / wall:,.0f} simulated requests/s; "
+          f"{cpu:.1f} CPU s, {n / cpu:,.0f} per CPU second (load average {os.getloadavg()[0]:.1f}); "
           f"{s['steps']:,} steps, peak {s['peak_running']} running, {s['duration_s']:,.0f} virtual s; "
           f"peak RSS {peak:,.0f} MiB; summary counts {s['requests']:,} requests, {s['output_tokens']:,} tokens")
 
@@ -95,10 +98,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=int, default=20_000, help="requests in the speed run (default 20000)")
     parser.add_argument("--rate", type=float, default=60.0, help="their arrival rate (default 60/s)")
+    parser.add_argument("--model", default=None, help="the real engine's model (default smollm2, whose forward pass"
+                        " dominates a step; tiny with --quick: a 3-4 ms step, mostly Python, noisy)")
     parser.add_argument("--quick", action="store_true", help="two cases and 500 requests (a smoke test)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        accuracy(Path(folder), ["small pool (preempts)", "shared prefix"] if args.quick else list(CASES))
+        accuracy(Path(folder), ["small pool (preempts)", "shared prefix"] if args.quick else list(CASES),
+                 args.model or ("tiny" if args.quick else "smollm2"))
     speed(500 if args.quick else args.scale, args.rate)
 
 

@@ -30,7 +30,10 @@ from .watch_dashboard import WatchDashboard, build_watch_panels
 
 NOTES = ("exact: tokens, prefix-cache hits, preemptions and finished requests (vLLM's counters, deltas since "
          "the watch began); cached blocks, evictions and the prefix tree (KV events)",
-         "estimated (≈): TTFT / ITL / end-to-end percentiles, interpolated inside vLLM's histogram buckets",
+         "exact: KV transfers, bytes and failures of vLLM's KV connectors (NIXL, offloading); the role is "
+         "inferred from which metrics an instance has (vLLM exposes no kv_role)",
+         "estimated (≈): TTFT / ITL / end-to-end / KV transfer time percentiles, interpolated inside vLLM's "
+         "histogram buckets",
          "unknowable from outside: block ids, which request holds which block, token-level fill, fragmentation")
 
 
@@ -55,6 +58,10 @@ def _header(run: RecordedRun) -> Div:
         ("KV blocks stored", count("kv_blocks_stored")), ("TTFT p50", est("ttft_p50_s_estimate")),
         ("ITL p50", est("itl_p50_s_estimate")), ("connection lost", count("connection_lost")),
     ]
+    if s.get("kv_transfers") is not None:  # a KV connector: vLLM's NIXL transfers (exact), their time (buckets)
+        facts += [("KV transfers", count("kv_transfers")), ("KV bytes moved", count("kv_transfer_bytes")),
+                  ("KV transfer p50", est("kv_transfer_time_p50_s_estimate")),
+                  ("KV transfer failures", count("kv_transfer_failures"))]
     items = " · ".join(f"<b>{k}</b> {v}" for k, v in facts)
     faults = {k: v for k, v in (s.get("faults") or {}).items() if v and k not in ("event_batches", "plugin_lines")}
     fault_text = ", ".join(f"{html.escape(k)} {v}" for k, v in faults.items()) or "none"

@@ -26,9 +26,12 @@ examples:
   kvscope simulate --step-model step.json --replay real.metrics.jsonl --num-blocks 64 --metrics S.jsonl
   kvscope simulate --gpu a100-40gb --model llama-7b --requests 2000 --rate 20 --max-model-len 2048
   kvscope simulate --gpu a100-40gb --model llama-7b --static --requests 2000 --rate 20 --max-model-len 2048
+  kvscope simulate --gpu h100 --model llama-7b --pd 1P1D --kv-bandwidth 50 --requests 500 --rate 8
 
 No model is loaded or run: --model gives only the shape (tiny, smollm2, a folder's config.json, or a known
-shape such as llama-7b). Outputs reach their max tokens (no EOS), or the recorded lengths with --replay."""
+shape such as llama-7b). Outputs reach their max tokens (no EOS), or the recorded lengths with --replay.
+With --pd, each instance is a simulated engine (its own pool: a whole GPU's with --gpu) on one virtual clock,
+and each KV transfer takes bytes / --kv-bandwidth + --kv-latency."""
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +50,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except OptionError as exc:
         raise CLIError(str(exc)) from None
     how = setup.sim_meta["step_model_from"]
+    if setup.link is not None:
+        how += f"; {spec.engine.pd}, KV at {setup.link.bandwidth_gb_per_s:g} GB/s + {setup.link.latency_s:g} s"
     total = spec.workload.requests or 16
     return execute(setup, title=f"kvscope simulate · {setup.model} (simulated; {how})", quiet=args.quiet,
                    watch=partial(_watch_requests, total=total))

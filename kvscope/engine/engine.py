@@ -148,7 +148,8 @@ class Engine(GenerateMixin, ProfilingMixin):
             request = self.make_request(prompt, params, request_id)
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
-        self.source.event("queued", request)
+        # queued at its arrival: one that came during a step (LiveRun submits between steps) waited for it
+        self.source.event("queued", request, min(self.clock.now_ns(), round(request.arrival_time * 1e9)))
         return request.request_id
 
     @_locked
@@ -192,11 +193,13 @@ class Engine(GenerateMixin, ProfilingMixin):
 
     # ---- the step ----------------------------------------------------------------------------------
     @_locked
-    def step(self) -> list[StreamDelta]:
+    def step(self, deltas: bool = True) -> list[StreamDelta]:
         """One step (docs/ARCHITECTURE.md, "One step"): drafts, schedule, prepare, forward, sample (or
         verify the drafts), update the requests, record.
 
-        Returns one ``StreamDelta`` per request that got a token or finished (``text`` left empty).
+        Returns one ``StreamDelta`` per request that got a token or finished (``text`` left empty);
+        ``deltas=False``: only those of requests that failed at scheduling (a caller that reads the
+        records instead, like ``LiveRun``, saves building one per running request per step).
         If the forward pass raises, every request of that batch ends with status ``error``, the
         blocks cached for it are forgotten, and the exception propagates; the engine stays usable.
         """
@@ -205,11 +208,11 @@ class Engine(GenerateMixin, ProfilingMixin):
         if self.speculator is not None:  # drafts for the requests that decode in this step
             self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
-        deltas = [self._finish(r, r.status) for r in sched.failed]
+        out = [self._finish(r, r.status) for r in sched.failed]
         if sched.is_empty:
             clock.stop()
             self.source.step_done(sched, None, clock)
-            return deltas
+            return out
         clock.phase("prepare")
         inp = self.runner.prepare(sched)
         clock.phase("forward")
@@ -219,10 +222,12 @@ class Engine(GenerateMixin, ProfilingMixin):
             sampled, num_accepted = self._sample(logits, inp)
         clock.phase("update")
         update = self.scheduler.update_from_output(sched, inp.sample_requests, sampled, num_accepted)
-        deltas += self._outputs(update)
+        if deltas:
+            out += self._outputs(update)
+        self._release(update)
         clock.marks.end(self.source.step_index)
         self.source.step_done(sched, update, clock)
-        return deltas
+        return out
 
     def _sample(self, logits: torch.Tensor, inp: ModelInput) -> tuple[list[int], dict[str, int] | None]:
         """A token per sample request, or with drafts in the step their verification (rejection sampling)."""
@@ -244,7 +249,7 @@ class Engine(GenerateMixin, ProfilingMixin):
 
     def _outputs(self, update: SchedulerUpdate) -> list[StreamDelta]:
         """One ``StreamDelta`` per new token (accepted drafts first), the last of a finished request
-        marked so; finished requests leave the engine, and the speculator (a draft model's blocks)."""
+        marked so."""
         deltas, accepted = [], update.spec_accepted
         for request, token in zip(update.requests, update.token_ids):
             rid, index, status = request.request_id, request.index, request.status
@@ -254,11 +259,14 @@ class Engine(GenerateMixin, ProfilingMixin):
                 deltas.append(StreamDelta(rid, index, token, "", False))
             else:
                 deltas.append(StreamDelta(rid, index, token, "", True, status.value))
+        return deltas
+
+    def _release(self, update: SchedulerUpdate) -> None:
+        """Finished requests leave the engine, and the speculator (a draft model's blocks)."""
         for request in update.finished:
             self.requests.pop(request.request_id, None)
             if self.speculator is not None:
                 self.speculator.free(request.request_id)
-        return deltas
 
     # ---- finishing ----------------------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> StreamDelta:

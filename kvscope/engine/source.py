@@ -96,10 +96,10 @@ class EngineSource:
             gc.callbacks.append(GC_TIMER)
         self._gc_seen = GC_TIMER.total_ns  # GC time already counted in a record
 
-    def event(self, kind: str, request: Request) -> None:
+    def event(self, kind: str, request: Request, t_ns: int | None = None) -> None:
         if self.recorder is not None:
             self.recorder.request_event(kind, request.request_id, self.step_index, request.num_prompt_tokens,
-                                        request.num_output_tokens, request.finish_reason, request.error,
+                                        request.num_output_tokens, request.finish_reason, request.error, t_ns=t_ns,
                                         prompt_token_ids=request.prompt_token_ids if kind == "queued" else None)
 
     def step_done(self, sched: SchedulerOutput, update: SchedulerUpdate | None, clock: StepClock) -> None:
@@ -157,25 +157,23 @@ def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num
     """The step's batch as telemetry sees it, read after ``Scheduler.update_from_output``
     (``accepted``: ``SchedulerUpdate.spec_accepted``; ``spec``: the step's ``Speculator.stats``)."""
     sampled_ids = {id(r) for r in sampled}
-    scheduled, tables = [], []
+    requests = sched.requests
+    # one item per scheduled request per step: built by comprehensions, the rare cases patched after
+    scheduled = [ScheduledItem(r.request_id, "decode" if is_decode else "prefill", n, r.num_computed_tokens,
+                               id(r) in sampled_ids)
+                 for r, n, is_decode in zip(requests, sched.num_tokens, sched.is_decode)]
+    tables = [r.block_ids for r in requests]
     drafts = sched.scheduled_spec_decode_tokens
-    for request, n, is_decode in zip(sched.requests, sched.num_tokens, sched.is_decode):
-        item = ScheduledItem(
-            request.request_id,
-            "decode" if is_decode else "prefill",
-            n,
-            request.num_computed_tokens,
-            id(request) in sampled_ids,
-        )
-        if drafts and request.request_id in drafts:
-            item.num_draft_tokens = len(drafts[request.request_id])
-            item.num_accepted_tokens = len(accepted.get(request.request_id, ())) if accepted else 0
-        scheduled.append(item)
-        if request.extra_block_ids:  # a hybrid model: its groups' tables, interleaved (ScheduledItem)
-            item.num_kv_groups = 1 + len(request.extra_block_ids)
-            tables.append(_interleave(request.block_tables) if request.block_ids else [])
-        else:
-            tables.append(request.block_ids)
+    if drafts:
+        for item in scheduled:
+            if item.request_id in drafts:
+                item.num_draft_tokens = len(drafts[item.request_id])
+                item.num_accepted_tokens = len(accepted.get(item.request_id, ())) if accepted else 0
+    if any(r.extra_block_ids for r in requests):  # a hybrid model: its groups' tables, interleaved (ScheduledItem)
+        for i, r in enumerate(requests):
+            if r.extra_block_ids:
+                scheduled[i].num_kv_groups = 1 + len(r.extra_block_ids)
+                tables[i] = _interleave(r.block_tables) if r.block_ids else []
     admitted = []
     if sched.admitted:
         new_tokens = {id(r): n for r, n in zip(sched.requests, sched.num_tokens)}

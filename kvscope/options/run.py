@@ -46,8 +46,9 @@ from kvscope.options.values import (
 
 __all__ = ["BOTH", "CLI", "INT64_MAX", "MAGIC", "MAX_REQUESTS", "MAX_STEP_DELAY", "MAX_TOKENS", "RUN_OPTIONS",
            "SEED_MAX", "SPECULATIVE_FORMS", "OptionError", "OptionParser", "OptionSpec", "add_run_options",
-           "block_size", "int64", "length_range", "nonneg_int", "nonneg_size", "num_requests", "out_path",
-           "pd_layout", "positive_int", "refresh_rate", "seconds", "seed", "size", "speculative", "tokens"]
+           "block_size", "capture_slow", "int64", "length_range", "nonneg_int", "nonneg_size", "num_requests",
+           "out_path", "pd_layout", "positive_int", "refresh_rate", "seconds", "seed", "size", "speculative",
+           "tokens"]
 
 CLI, MAGIC = "cli", "magic"  # the two faces
 BOTH = (CLI, MAGIC)
@@ -64,6 +65,27 @@ def pd_layout(text: str) -> str | None:
         raise OptionError(f"--pd {value!r}: write <n>P<m>D with n and m from 1 to 16 (prefill and decode "
                           "instances), like 1P1D or 2P1D, or off")
     return value.upper()
+
+
+MAX_CAPTURE_STEPS, MAX_CAPTURE_WINDOWS = 1000, 64
+DEFAULT_CAPTURE_WINDOWS = 4  # kvscope.telemetry.slow_capture.MAX_WINDOWS (options import no telemetry)
+
+
+def capture_slow(text: str) -> tuple[int, int] | None:
+    """``--capture-slow STEPS[:WINDOWS]`` -> (steps per window, most windows; default 4), ``None`` for off / 0."""
+    value = text.strip().lower()
+    if value in ("off", "none", "0"):
+        return None
+    steps, _, windows = value.partition(":")
+    try:
+        n, w = int(steps), int(windows) if windows else DEFAULT_CAPTURE_WINDOWS
+    except ValueError:
+        n = w = -1
+    if not (1 <= n <= MAX_CAPTURE_STEPS and 1 <= w <= MAX_CAPTURE_WINDOWS):
+        raise OptionError(f"{text.strip()!r}: write STEPS or STEPS:WINDOWS (like 5 or 5:2), STEPS "
+                          f"profiled after each slow step from 1 to {MAX_CAPTURE_STEPS}, at most WINDOWS windows from "
+                          f"1 to {MAX_CAPTURE_WINDOWS} (default {DEFAULT_CAPTURE_WINDOWS}), or off")
+    return n, w
 
 
 # ---- the options ---------------------------------------------------------------------------------------
@@ -145,6 +167,10 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
                metavar="LAYOUT"),
     OptionSpec(("--profile",), ENGINE, "capture STEPS steps with torch.profiler, after one warm-up step (kernel "
                "time by category)", type=nonneg_int, default=0, metavar="STEPS"),
+    OptionSpec(("--capture-slow",), ENGINE, "whenever a step is slow (at least 2x the run's own step-time model "
+               "and 1 ms over it, after 16 steps), capture the next STEPS steps with torch.profiler, at most WINDOWS "
+               "times (default 4); the run's meta and report say which steps, the trace holds their kernels",
+               type=capture_slow, metavar="STEPS[:WINDOWS]"),
     OptionSpec(("--step-delay",), ENGINE, "sleep between steps, to watch a fast model (e.g. 0.02)", type=seconds,
                default=0.0, metavar="SECONDS"),
     OptionSpec(("--out",), OUTPUTS, "write PREFIX.html, PREFIX.trace.json and PREFIX.metrics.jsonl (default "

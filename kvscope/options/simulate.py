@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from kvscope.options.parser import OptionError
 from kvscope.options.values import out_path, probability
+
+KV_BANDWIDTH_GB_PER_S = 25.0  # --pd: a 200 Gb/s RDMA NIC between two machines (kvscope.runs.pd_sim.SimLink)
+KV_LATENCY_S = 0.0001  # --pd: 100 us per transfer (setup and completion notice)
 
 GPU_NAMES = "a100-40gb, a100-80gb, h100, h100-pcie, h200, l4, a10g, rtx-4090, mi300x"
 
@@ -27,6 +31,11 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
     sim.add_argument("--acceptance-rate", type=probability, metavar="P", help="with --speculative: each draft is "
                      "accepted with probability P, until the first rejection (measured: a run's spec_acceptance_rate "
                      "is the share of draft tokens accepted)")
+    sim.add_argument("--kv-bandwidth", type=bandwidth, metavar="GB/S", help="with --pd: the KV transfer "
+                     f"bandwidth between instances in GB/s (10^9 bytes/s; default {KV_BANDWIDTH_GB_PER_S:g}, a "
+                     "200 Gb/s NIC; NVLink is ~450)")
+    sim.add_argument("--kv-latency", type=latency, metavar="SECONDS", help="with --pd: fixed time added to "
+                     f"every KV transfer (default {KV_LATENCY_S:g} s)")
     sim.add_argument("--static", action="store_true", help="static reservation instead of paging: each running "
                      "request holds max_model_len slots, so fewer run at once")
 
@@ -34,4 +43,27 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
 def simulate_fields(args: argparse.Namespace) -> dict:
     """``SimSpec``'s fields from parsed options (``kvscope.runs.simulate.SimSpec(**simulate_fields(args))``)."""
     return {"step_model": args.step_model, "gpu": args.gpu, "replay": str(args.replay) if args.replay else None,
-            "dtype": args.dtype, "static": args.static, "acceptance_rate": args.acceptance_rate}
+            "dtype": args.dtype, "static": args.static, "acceptance_rate": args.acceptance_rate,
+            "kv_bandwidth": args.kv_bandwidth, "kv_latency": args.kv_latency}
+
+
+def bandwidth(text: str) -> float:
+    """``--kv-bandwidth``: GB/s, above 0 and at most 100,000."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"--kv-bandwidth {text!r} is not a number of GB/s (e.g. 25)") from None
+    if not 0 < value <= 1e5:  # also refuses NaN and infinity
+        raise OptionError(f"--kv-bandwidth {text!r} must be above 0 and at most 100000 GB/s")
+    return value
+
+
+def latency(text: str) -> float:
+    """``--kv-latency``: seconds, from 0 to 10."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"--kv-latency {text!r} is not a number of seconds (e.g. 0.0001)") from None
+    if not 0 <= value <= 10:
+        raise OptionError(f"--kv-latency {text!r} must be between 0 and 10 seconds")
+    return value

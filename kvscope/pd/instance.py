@@ -135,7 +135,8 @@ class InstanceServer:
         _hashes, chain = self._prefix(prompt_ids)
         blocks = chain[start:]  # blocks past the cached chain were evicted: the consumer recomputes them
         handle = self.connector.send(self.tensors, [b.block_id for b in blocks], address)
-        return {"handle": handle, "num_blocks": len(blocks), "start_ns": t0, "sent_ns": time.perf_counter_ns()}
+        return {"handle": handle, "num_blocks": len(blocks), "start_ns": t0, "sent_ns": time.perf_counter_ns(),
+                "block_ids": [b.block_id for b in blocks]}
 
     def import_add(self, request_id: str, prompt_ids: list[int], prompt: str | None, params: SamplingParams,
                    start: int, num_blocks: int, handle: TransferHandle) -> dict[str, Any]:
@@ -161,7 +162,7 @@ class InstanceServer:
         request.prompt = prompt
         self.engine.add_request(request)
         self.tracked[request_id] = request
-        return {"received_ns": time.perf_counter_ns(), "num_blocks": len(new)}
+        return {"received_ns": time.perf_counter_ns(), "num_blocks": len(new), "block_ids": [b.block_id for b in new]}
 
     def _receive(self, handle: TransferHandle, num_blocks: int) -> list[KVBlock]:
         if self.pool.num_free_blocks < num_blocks:

@@ -5,8 +5,11 @@ instances' records and events (the steps that produce the user's tokens; with se
 the first one's steps, every one's events), stamps each request's ``queued`` event with its arrival at the
 router (so TTFT counts prefill, the transfer and the decode side's queue), adds ``queued`` + ``finished``
 for requests that never reached a decode instance, and writes ``meta["pd"]``: the layout, the connector's
-configuration, the instances (name, role, pid, pool, threads, their own TTFT / ITL), every transfer and
-every request's route and times.
+configuration, the instances (name, role, pid, pool, threads, their own TTFT / ITL), every transfer,
+every request's route and times (the router's, plus each side's ``queued`` / ``scheduled`` from that
+instance's own events: ``prefill_scheduled_ns``, ``decode_queued_ns``, ``decode_scheduled_ns``; the request
+lanes of ``kvscope.telemetry.pd_lanes``) and ``page_maps``: each instance's page map around transfers, with
+the blocks in flight (``kvscope.pd.page_maps``, bounded).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections import deque
 from dataclasses import asdict, replace
 from typing import Any
 
-from kvscope.pd.config import KV_CONSUMER
+from kvscope.pd.config import KV_CONSUMER, KV_PRODUCER
+from kvscope.pd.page_maps import transfer_page_maps
 from kvscope.pd.process import InstanceDied, InstanceError
 from kvscope.pd.summary import INSTANCE_KEYS
 from kvscope.telemetry.frames import requests_frame
@@ -127,9 +131,24 @@ class PDRecorder:
             if name in snaps:
                 item["summary"] = _instance_summary(snaps[name])
             instances.append(item)
+        sides = self._side_times(snaps)
         requests = [{"request_id": r.request_id, "prefill": r.prefill, "decode": r.decode,
                      "arrival_ns": r.arrival_ns, "first_token_ns": r.first_token_ns, "finished_ns": r.finished_ns,
-                     **r.timeline} for r in [*e.done, *e.requests.values()]]
+                     **sides.get(r.request_id, {}), **r.timeline} for r in [*e.done, *e.requests.values()]]
+        transfers = [asdict(t) for t in e.transfers]
+        roles = {name: inst.role for name, inst in e.instances.items()}
         return {"layout": str(e.layout), "kv_transfer_config": e.kv_transfer_config.to_json(),
-                "records_from": main, "instances": instances,
-                "transfers": [asdict(t) for t in e.transfers], "requests": requests}
+                "records_from": main, "instances": instances, "transfers": transfers, "requests": requests,
+                "page_maps": transfer_page_maps(snaps, transfers, roles)}
+
+    def _side_times(self, snaps: dict[str, tuple]) -> dict[str, dict[str, int]]:
+        """Per request: when each side queued and first scheduled it, from that instance's own events (the
+        run's events carry the router's arrival as ``queued``)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, (_, events, _, _) in snaps.items():
+            inst = self.engine.instances.get(name)
+            side = "prefill" if inst is not None and inst.role == KV_PRODUCER else "decode"
+            for ev in events:
+                if ev.kind in ("queued", "scheduled"):
+                    out.setdefault(ev.request_id, {}).setdefault(f"{side}_{ev.kind}_ns", ev.t_ns)
+        return out

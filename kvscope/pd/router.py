@@ -16,7 +16,8 @@ from kvscope.pd.process import InstanceDied, InstanceError, InstanceProcess
 
 @dataclass(slots=True)
 class TransferRecord:
-    """One request's KV hand-over (times: ``perf_counter_ns``, which every process on a machine shares)."""
+    """One request's KV hand-over (times: ``perf_counter_ns``, which every process on a machine shares; a
+    simulation's: its virtual clock)."""
 
     request_id: str
     src: str
@@ -29,6 +30,8 @@ class TransferRecord:
     end_ns: int  # the consumer has unpacked
     ok: bool = True
     error: str | None = None
+    src_block_ids: list[int] | None = None  # the producer's blocks sent (the page maps mark them in flight)
+    dst_block_ids: list[int] | None = None  # the consumer's blocks they landed in
 
 
 @dataclass(slots=True)
@@ -55,7 +58,9 @@ class PDRequest:
 
 class Router:
     """``step`` and what it needs; ``PDEngine`` holds the state (``instances``, ``requests``, ``load``,
-    ``handovers``, ``outbox``, ``transfers``, ``done``, ``kv_transfer_config``, ``recorder``)."""
+    ``handovers``, ``outbox``, ``transfers``, ``done``, ``kv_transfer_config``, ``recorder``, ``clock``).
+    ``_pick``, ``_route``, ``_finish`` and ``_fail`` know nothing of processes: the simulated P/D engine
+    (``kvscope.runs.pd_sim``) routes with them too."""
 
     def _pick(self, role: str) -> InstanceProcess | None:
         live = [i for i in self.instances.values() if i.role == role and i.alive]
@@ -105,15 +110,20 @@ class Router:
             if rid in self.requests:
                 self.requests[rid].timeline[f"{inst.role}_first_token_ns"] = t
         for out in res["finished"]:
-            req = self.requests.get(out.request_id)
-            if req is None:
-                continue
-            self.load[inst.name] -= 1
-            if inst.role == KV_PRODUCER and out.finish_reason == "length" and req.request.sampling_params.max_tokens > 1:
-                req.timeline["prefill_done_ns"] = res["t_ns"]
-                self.handovers.append(req)
-            else:
-                self.outbox.append(self._finish(req, out, inst.role))
+            self._route(inst.name, inst.role, out, res["t_ns"])
+
+    def _route(self, name: str, role: str, out: RequestOutput, t_ns: int) -> None:
+        """A request that instance ``name`` finished at ``t_ns``: a prompt whose prefill ended at its one token
+        (``length``) and that wants more goes to ``handovers``; any other request is done (``outbox``)."""
+        req = self.requests.get(out.request_id)
+        if req is None:
+            return
+        self.load[name] -= 1
+        if role == KV_PRODUCER and out.finish_reason == "length" and req.request.sampling_params.max_tokens > 1:
+            req.timeline["prefill_done_ns"] = t_ns
+            self.handovers.append(req)
+        else:
+            self.outbox.append(self._finish(req, out, role))
 
     def _hand_over_ready(self) -> None:
         """The hand-overs whose producer and a consumer are idle now; the others wait for the next round."""
@@ -132,7 +142,7 @@ class Router:
 
     def _finish(self, req: PDRequest, out: RequestOutput, role: str | None = None) -> RequestOutput:
         req.first_token_ns = req.timeline.get(f"{role}_first_token_ns") if role else None
-        req.output, req.finished_ns = replace(out, prompt=req.request.prompt), time.perf_counter_ns()
+        req.output, req.finished_ns = replace(out, prompt=req.request.prompt), self.clock.now_ns()
         r = req.request
         r.output_token_ids = list(out.token_ids)
         r.all_token_ids = [*r.prompt_token_ids, *out.token_ids]
@@ -183,6 +193,7 @@ class Router:
         req.decode = dst.name
         self.load[dst.name] += 1
         self.transfers.append(TransferRecord(req.request_id, src.name, dst.name, handle.transport,
-                                             imp["num_blocks"], held, handle.num_bytes, start, imp["received_ns"]))
+                                             imp["num_blocks"], held, handle.num_bytes, start, imp["received_ns"],
+                                             src_block_ids=exp["block_ids"], dst_block_ids=imp["block_ids"]))
         req.timeline.update(transfer_start_ns=start, transfer_end_ns=imp["received_ns"])
         return []

@@ -18,6 +18,7 @@ once over, the whole run. ``steps``, ``requests``, ``summary()``, ``save_trace()
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, nullcontext
@@ -52,7 +53,8 @@ class LiveRun(Recording):
     thread, so a slow model load does not block the caller). ``workload`` is a list of ``WorkItem`` or
     a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
     between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
-    torch.profiler (after one warm-up step). ``dashboard=False`` runs without one (scripts, benchmarks).
+    torch.profiler (after one warm-up step); ``capture_slow=(steps, windows)``: ``Engine.capture_slow``, its
+    findings in ``meta["capture_slow"]``. ``dashboard=False`` runs without one (scripts, benchmarks).
 
     A prompt the engine refuses (empty, too long, outside the vocabulary) fails alone: its request ends
     with status ``error`` naming it (``item.source``, e.g. "line 3 of prompts.txt") and the others run.
@@ -67,6 +69,7 @@ class LiveRun(Recording):
         outputs: Outputs | None = None,
         step_delay: float = 0.0,
         profile_steps: int = 0,
+        capture_slow: tuple[int, int] | None = None,
         dashboard: bool = True,
         dashboard_options: dict[str, Any] | None = None,
         keep_outputs: bool = True,
@@ -84,6 +87,7 @@ class LiveRun(Recording):
         self._t_submit_ns = 0  # arrival times count from here
         self.step_delay = step_delay
         self.profile_steps = profile_steps
+        self.capture_slow, self._capture = capture_slow, None  # the SlowCapture (telemetry/slow_capture.py)
         self.engine: Engine | None = None
         self.meta: dict[str, Any] = {}  # filled in place as the run learns it (the dashboard holds it)
         self._requests: list[Request] = []
@@ -200,6 +204,8 @@ class LiveRun(Recording):
                 where = item.source or f"request {self.num_submitted}{total}"
                 self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
                 continue
+            if item.arrival_s:  # it arrived at its time, maybe during the step that just ended
+                request.arrival_time = (self._t_submit_ns + round(item.arrival_s * 1e9)) / 1e9
             if item.shown is not None or item.chat:  # reports show the user's message, not the template
                 request.prompt = item.shown if item.shown is not None else item.prompt
             self._requests.append(request)
@@ -221,6 +227,9 @@ class LiveRun(Recording):
             self._steps(engine)
 
     def _steps(self, engine: Engine) -> None:
+        # records, not stream deltas: a P/D router's step, or one a test replaced, is called as it is
+        plain = isinstance(engine, Engine) and "step" not in vars(engine)
+        step = functools.partial(engine.step, deltas=False) if plain else engine.step
         while not self._stop.is_set():
             self._submit_due(engine)
             if not engine.has_unfinished_requests():
@@ -234,7 +243,7 @@ class LiveRun(Recording):
                 self._running.wait()
                 self.status = RunStatus.RUNNING
                 continue
-            engine.step()
+            step()
             if self.step_delay:
                 self._stop.wait(self.step_delay)
 
@@ -243,6 +252,15 @@ class LiveRun(Recording):
         stack = ExitStack()
         if self.profile_steps:
             stack.enter_context(engine.profile(num_steps=self.profile_steps))  # after one warm-up step
+        if self.capture_slow:
+            capture = self._capture = stack.enter_context(engine.capture_slow(*self.capture_slow))
+            trace = str(self.files.trace) if self.files.trace else None  # where the windows' kernels will be
+
+            def describe() -> None:  # the dashboard reads it: one dict replaced at a time
+                self.meta["capture_slow"] = capture.describe(trace)
+
+            capture.on_change = describe
+            describe()
         return stack
 
     def _finish(self, engine: Engine) -> None:
@@ -257,6 +275,8 @@ class LiveRun(Recording):
         records, events, meta, profiler_events = engine.recorder.snapshot()
         meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
         meta["texts"] = self._texts(engine)
+        if self._capture is not None:
+            self._capture.on_change()  # its final word, into self.meta
         if meta["num_steps_dropped"] or self.num_submitted > engine.recorder.events.maxlen // 4:
             # the ring lost the start, the stream saw all of it (NaN as null: files hold no NaN)
             meta["summary"] = {k: None if isinstance(v, float) and v != v else v

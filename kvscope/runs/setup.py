@@ -62,7 +62,8 @@ class RunSetup:
         ``LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=...)``."""
         files = self.spec.outputs
         return {"outputs": Outputs(trace=files.trace, metrics=files.metrics, html=files.html),
-                "profile_steps": self.spec.profile_steps, "step_delay": self.spec.step_delay}
+                "profile_steps": self.spec.profile_steps, "step_delay": self.spec.step_delay,
+                "capture_slow": self.spec.capture_slow}
 
 
 def prepare(spec: RunSpec) -> RunSetup:

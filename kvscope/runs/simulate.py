@@ -5,18 +5,22 @@
 The run options are the same as ``kvscope run``'s (``RunSpec``), so the same options submit the same
 requests; ``SimSpec`` adds what a simulation needs instead of a model: a step-time model (``--step-model``,
 fitted by ``kvscope calibrate``, or ``--gpu`` for a roofline), and optionally ``--replay RUN``, which takes the
-recorded run's requests and model shape.
+recorded run's requests and model shape. With ``--pd 1P1D`` the engine is a ``SimPDEngine``
+(``kvscope.runs.pd_sim``): one simulated engine per instance on one virtual clock, KV transfers timed by
+``--kv-bandwidth`` and ``--kv-latency``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvscope.engine.config import EngineConfig
 from kvscope.options.parser import OptionError
+from kvscope.runs.pd_sim import SimLink, SimPDEngine
 from kvscope.runs.replay import replay_workload
 from kvscope.runs.setup import (
     LAZY_ABOVE,
@@ -27,12 +31,13 @@ from kvscope.runs.setup import (
     workload,
 )
 from kvscope.runs.spec import RunSpec
-from kvscope.runs.workload import with_arrivals
+from kvscope.runs.workload import iter_arrival_times, parse_arrival, with_arrivals
 from kvscope.sim.build import simulated_engine
 from kvscope.sim.calibrate import fit_step_model
 from kvscope.sim.roofline import RooflineModel, find_gpu
 from kvscope.sim.shape import SimShape, resolve_shape, shape_of_run
 from kvscope.sim.step_model import load_step_model
+from kvscope.utils.clock import VirtualClock
 
 GiB = 1 << 30
 ACTIVATION_RESERVE = 4 * GiB  # the course's 40 GB - 14 - 4: what a GPU plan keeps for activations
@@ -46,6 +51,8 @@ class SimSpec:
     dtype: str | None = None
     static: bool = False  # static reservation: as many requests as max_model_len slots fit, no more
     acceptance_rate: float | None = None  # speculative decoding: each draft's chance of acceptance
+    kv_bandwidth: float | None = None  # --pd: GB/s between instances (default SimLink's)
+    kv_latency: float | None = None  # --pd: seconds added to every transfer (default SimLink's)
 
 
 @dataclass(slots=True)
@@ -57,6 +64,7 @@ class SimSetup(RunSetup):
     kv_budget: int | None = None
     sim_meta: dict[str, Any] | None = None
     acceptance_rate: float | None = None
+    link: SimLink | None = None  # --pd: the transfer between instances
 
     def run_options(self) -> dict[str, Any]:
         """``RunSetup.run_options``; past ``LAZY_ABOVE`` requests finished ones are let go (bounded memory)."""
@@ -64,19 +72,37 @@ class SimSetup(RunSetup):
         return {**RunSetup.run_options(self), "keep_outputs": not many}
 
     def make_engine(self):
+        if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.runs.pd_sim)
+            return SimPDEngine(self._instance, self.spec.engine.pd, self.link, arrivals_s=self._arrivals())
         return simulated_engine(self.shape, self.config, self.step_model, kv_budget=self.kv_budget,
                                 meta=self.sim_meta, acceptance_rate=self.acceptance_rate)
+
+    def _arrivals(self) -> Iterable[float]:
+        """The workload's arrival times (seconds from the start), as ``LiveRun`` will submit them."""
+        if isinstance(self.workload, list):
+            return sorted(item.arrival_s for item in self.workload)
+        w = self.spec.workload  # synthetic requests, made when the engine exists: the same times as theirs
+        return iter_arrival_times(w.rate, parse_arrival(w.arrival), self.spec.sampling.seed) if w.rate else ()
+
+    def _instance(self, name: str, clock: VirtualClock):
+        """One instance of a simulated P/D engine: its own pool (a GPU's budget each) on the shared clock."""
+        meta = {**(self.sim_meta or {}), "pd": {"layout": self.spec.engine.pd, "instance": name,
+                                                  **(self.link or SimLink()).to_json()}}
+        return simulated_engine(self.shape, self.config, self.step_model, kv_budget=self.kv_budget, meta=meta,
+                                clock=clock)
 
 
 def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
     """Every check before the simulation starts (``OptionError`` naming the problem), then its pieces."""
     spec.check()
     check_run_outputs(spec)
-    if spec.profile_steps:
-        raise OptionError("a simulation has no kernels to profile: leave --profile out")
+    if spec.profile_steps or spec.capture_slow:
+        flag = "--profile" if spec.profile_steps else "--capture-slow"
+        raise OptionError(f"a simulation has no kernels to profile: leave {flag} out")
     if bool(spec.engine.speculative) != (sim.acceptance_rate is not None):
         raise OptionError("simulating speculative decoding takes --speculative (how many drafts) and "
                           "--acceptance-rate P (each draft accepted with probability P) together")
+    link = _link(spec, sim)
     try:
         recorded = _load_replay(sim.replay) if sim.replay else None
         default_dtype = _torch_dtype("bfloat16") if sim.gpu else _torch_dtype("float32")
@@ -99,7 +125,21 @@ def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
     items = _replayed(recorded, spec) if recorded is not None else workload(spec, params)
     meta = {"step_model_from": how, "replay_of": sim.replay, "static_reservation": sim.static, "gpu": sim.gpu}
     return SimSetup(shape.name, config, params, items, spec, shape=shape, step_model=step_model, kv_budget=kv_budget,
-                    sim_meta=meta, acceptance_rate=sim.acceptance_rate)
+                    sim_meta=meta, acceptance_rate=sim.acceptance_rate, link=link)
+
+
+def _link(spec: RunSpec, sim: SimSpec) -> SimLink | None:
+    """The simulated KV transfer of ``--pd``; its options without ``--pd`` are refused."""
+    given = {"--kv-bandwidth": sim.kv_bandwidth, "--kv-latency": sim.kv_latency}
+    if spec.engine.pd is None:
+        flags = [flag for flag, value in given.items() if value is not None]
+        if flags:
+            raise OptionError(f"{flags[0]} is the KV transfer between P/D instances: add --pd 1P1D (or another "
+                              "layout), or leave it out")
+        return None
+    default = SimLink()
+    return SimLink(default.bandwidth_gb_per_s if sim.kv_bandwidth is None else sim.kv_bandwidth,
+                   default.latency_s if sim.kv_latency is None else sim.kv_latency)
 
 
 def _replayed(recorded, spec: RunSpec) -> list:

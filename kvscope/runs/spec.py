@@ -85,6 +85,7 @@ class RunSpec:
     outputs: OutputSpec = field(default_factory=OutputSpec)
     profile_steps: int = 0
     step_delay: float = 0.0
+    capture_slow: tuple[int, int] | None = None  # (steps per window, most windows) after each slow step
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, cell: str | None = None,
@@ -95,7 +96,7 @@ class RunSpec:
         values = {k: _typed(k, v) for k, v in vars(args).items()}
         if outputs is None:
             outputs = OutputSpec(**{kind: values.get(kind) for kind in OUTPUT_KINDS})
-        top = {k: values[k] for k in ("model", "step_delay") if values.get(k) is not None}
+        top = {k: values[k] for k in ("model", "step_delay", "capture_slow") if values.get(k) is not None}
         return cls(workload=_part(WorkloadSpec, {**values, "cell": cell}), sampling=_part(SamplingSpec, values),
                    engine=_part(EngineSpec, values), outputs=outputs,
                    profile_steps=values.get("profile") or 0, **top)
@@ -105,7 +106,7 @@ class RunSpec:
         value = _typed(name, value)
         if name == "profile":
             return dataclasses.replace(self, profile_steps=value)
-        if name in ("model", "step_delay"):
+        if name in ("model", "step_delay", "capture_slow"):
             return dataclasses.replace(self, **{name: value})
         for part in ("workload", "sampling", "engine"):
             inner = getattr(self, part)
@@ -125,7 +126,8 @@ class RunSpec:
         if self.engine.pd is not None:
             clash = [name for name, given in (("--speculative", self.engine.speculative is not None),
                                               ("--prefix-caching off", not self.engine.prefix_caching),
-                                              ("--profile", self.profile_steps > 0)) if given]
+                                              ("--profile", self.profile_steps > 0),
+                                              ("--capture-slow", self.capture_slow is not None)) if given]
             if clash:
                 raise OptionError(f"--pd {self.engine.pd} does not combine with {clash[0]}")
         if w.arrival != "poisson" and w.rate is None:

@@ -40,7 +40,8 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in (
     GPUSpec("rtx-4090", 24 * GB, 1008 * GB, 165e12, "NVIDIA RTX 4090: 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS"),
     GPUSpec("mi300x", 192 * GB, 5300 * GB, 1307e12, "AMD MI300X data sheet: 192 GB HBM3, 5.3 TB/s, 1,307 TFLOPS"),
 )}
-ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "4090": "rtx-4090", "a10": "a10g"}
+ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "h100-80gb": "h100", "h100-sxm-80gb": "h100", "4090": "rtx-4090",
+           "a10": "a10g"}
 
 
 def find_gpu(name: str) -> GPUSpec:

@@ -11,6 +11,12 @@ Trace layout (Chrome trace event format, ``ts``/``dur`` in microseconds from the
   under that process; a plain ``id`` is global, and lands in "Global Legacy Events"): a slice named
   by the request id spanning queued to finished, with its states (waiting, prefill, decode,
   preempted) as nested slices.
+- a P/D run (``meta["pd"]``): process "kvscope P/D requests" (``PD_REQUESTS_PID``), one async lane per request
+  (``b``/``e``, ``id2`` local like the requests') spanning its path, with a nested slice per part named with
+  the instance it ran on: "queue @ prefill-0", "prefill @ prefill-0", "transfer wait @ prefill-0",
+  "transfer prefill-0 -> decode-0: N blocks, B B", "decode queue @ decode-0", "decode @ decode-0"
+  (``kvscope.telemetry.pd_lanes``; args: instance, blocks, bytes). The transfer track itself is a lane
+  (``kvscope.pd.summary.transfer_lane``).
 - torch.profiler (Kineto) events, when a window was profiled, on their own pids, already moved onto
   our clock by ``telemetry/profiler.py``.
 - a watched run (``kvscope watch``): one process per engine and one for the fleet (``LANES_PID`` on), with
@@ -28,13 +34,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvscope.telemetry.frames import token_times
+from kvscope.telemetry.pd_lanes import request_segments
 from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.telemetry.serialize import event_to_dict, step_to_dict
 from kvscope.utils.files import atomic_write
 
 ENGINE_PID = (1 << 30) + 1  # far above Linux pids (<= 2**22) and CUDA device ids, which Kineto uses
 REQUESTS_PID = (1 << 30) + 2
-OUR_PIDS = (ENGINE_PID, REQUESTS_PID)
+PD_REQUESTS_PID = (1 << 30) + 3  # a P/D run's request lanes, by instance
+OUR_PIDS = (ENGINE_PID, REQUESTS_PID, PD_REQUESTS_PID)
 LANES_PID, MAX_LANES = (1 << 30) + 16, 4096  # engine lanes of a watched run (kvscope watch): one process each
 
 
@@ -119,6 +127,8 @@ def build_trace(
     for r in records:
         ev.extend(_step_events(r, us))
     ev.extend(_request_lanes(records, events, us))
+    if isinstance(meta.get("pd"), dict):
+        ev.extend(_pd_lanes(meta["pd"], us))
     ev.extend(_shift(profiler_events, t0))
     ev.extend(_lane_events(lanes, us))
     return {
@@ -245,6 +255,26 @@ def _request_lanes(
             out.append({**base, "ph": "b", "name": state, "ts": us(t), "cname": STATE_COLOURS[state]})
             out.append({**base, "ph": "e", "name": state, "ts": us(t_end)})
         out.append({**base, "ph": "e", "name": rid, "ts": us(max(end, start))})
+    return out
+
+
+def _pd_lanes(pd: dict[str, Any], us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """A P/D run's request lanes (see the module docstring)."""
+    out = [_meta("process_name", PD_REQUESTS_PID, 0, name="kvscope P/D requests"),
+           _meta("process_sort_index", PD_REQUESTS_PID, 0, sort_index=2)]
+    for index, segments in enumerate(request_segments(pd)):
+        if not segments:
+            continue
+        base = {"cat": "pd", "pid": PD_REQUESTS_PID, "tid": 0, "id2": {"local": hex(index)}}
+        first = segments[0]
+        out.append({**base, "ph": "b", "name": first.request_id, "ts": us(first.start_ns),
+                    "args": {"prefill": first.instance}})
+        for s in segments:
+            args = {"instance": s.instance, **({"blocks": s.num_blocks, "bytes": s.num_bytes}
+                                               if s.num_blocks is not None else {})}
+            out.append({**base, "ph": "b", "name": s.label, "ts": us(s.start_ns), "args": args})
+            out.append({**base, "ph": "e", "name": s.label, "ts": us(s.end_ns)})
+        out.append({**base, "ph": "e", "name": first.request_id, "ts": us(segments[-1].end_ns)})
     return out
 
 

@@ -109,46 +109,68 @@ class PageMapTracker:
     ) -> tuple[dict[int, PageEntry], bool]:
         """The map's changes for a finished step (or all of it, on a snapshot step): ``block_tables[i]``
         is the block table of ``scheduled[i]``'s request after the step."""
-        bs, owner, dirty, all_holders = self.block_size, self.owner, self.dirty, self.holders
+        bs, dirty, tables = self.block_size, self.dirty, self.tables
         filled: dict[int, int] = {}
         for item, table in zip(scheduled, block_tables):
             if not table:  # finished this step: its blocks were freed (and reported by the pool)
                 continue
             rid, n, groups = item.request_id, item.num_tokens, item.num_kv_groups
             computed = item.context_len  # already includes this step's tokens
-            first_written = (computed - n) // bs
-            mine = self.tables.setdefault(rid, [])
+            mine = tables.get(rid)
+            if n == 1 and groups == 1 and mine is not None and len(mine) == len(table) and table[0] >= 0:
+                j = (computed - 1) // bs  # the common case: a decode into its tail block (one group, no nulls)
+                b = table[j]
+                filled[b] = computed - j * bs
+                dirty.add(b)
+                continue
+            if mine is None:
+                mine = tables[rid] = []
             if min(table[:groups]) < 0:  # a window dropped blocks (null entries start at row 0)
                 self._drop_nulls(rid, mine, table, groups)
-            if n == 1 and len(mine) == len(table):  # the common case: a decode into its tail block
+            first_written = (computed - n) // bs
+            if n == 1 and len(mine) == len(table):  # a decode into its tail block (each group's)
                 j = (computed - 1) // bs
                 for b in table[j * groups : (j + 1) * groups]:
                     filled[b] = computed - j * bs
                     dirty.add(b)
                 continue
-            for t in range(len(mine), len(table)):  # blocks that entered its table this step
-                b = table[t]
-                mine.append(b)
-                if b < 0:  # a prefix-cache hit's entry outside the window: never held
-                    continue
-                self.group[b] = t % groups
-                holders = all_holders.setdefault(b, [])
-                holders.append(rid)
-                if len(holders) == 1:
-                    owner[b] = rid
-                dirty.add(b)
-                if t // groups < first_written:  # a prefix-cache hit: a full block
-                    filled[b] = bs
+            self._enter(rid, mine, table, groups, first_written, filled)
             for t in range(first_written * groups, min(((computed - 1) // bs + 1) * groups, len(table))):
                 b = table[t]
                 filled[b] = min(bs, computed - t // groups * bs)
                 dirty.add(b)
+        return self._changes(filled)
+
+    def _enter(self, rid: str, mine: list[int], table: list[int], groups: int, first_written: int,
+               filled: dict[int, int]) -> None:
+        """The blocks that entered ``rid``'s table this step: held, owned if first, full if a cache hit."""
+        for t in range(len(mine), len(table)):
+            b = table[t]
+            mine.append(b)
+            if b < 0:  # a prefix-cache hit's entry outside the window: never held
+                continue
+            self.group[b] = t % groups
+            holders = self.holders.setdefault(b, [])
+            holders.append(rid)
+            if len(holders) == 1:
+                self.owner[b] = rid
+            self.dirty.add(b)
+            if t // groups < first_written:  # a prefix-cache hit: a full block
+                filled[b] = self.block_size
+
+    def _changes(self, filled: dict[int, int]) -> tuple[dict[int, PageEntry], bool]:
+        """The entries of the blocks touched this step that changed (all of them on a snapshot step)."""
         changes: dict[int, PageEntry] = {}
-        entries, entry_of = self.entries, self._entry
+        owner, dirty = self.owner, self.dirty
+        entries, entry_of, refs, group = self.entries, self._entry, self.refs, self.group
         for b in dirty:
-            entry = entry_of(b, filled.get(b))
-            if entry is FREE_PAGE:
-                owner[b] = ""
+            f = filled.get(b)
+            if f is not None and refs[b] == 1:  # written by its one holder (most blocks): _entry, inlined
+                entry = _new_entry(PageEntry, (owner[b], f, "used", 1, group[b]))
+            else:
+                entry = entry_of(b, f)
+                if entry is FREE_PAGE:
+                    owner[b] = ""
             if entry != entries[b]:
                 entries[b] = entry
                 changes[b] = entry

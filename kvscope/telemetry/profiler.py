@@ -34,6 +34,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -73,11 +74,14 @@ class Profiler:
         self.keep_trace = keep_trace
         self.cuda = cuda
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with warnings.catch_warnings():  # warmup=0 (a slow-step capture's window) is chosen, not an oversight
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            steps = schedule(wait=wait, warmup=warmup, active=num_steps, repeat=1)
         self.prof = profile(
             activities=activities,
             record_shapes=record_shapes,
             with_stack=with_stack,
-            schedule=schedule(wait=wait, warmup=warmup, active=num_steps, repeat=1),
+            schedule=steps,
             on_trace_ready=self._ready,
         )
         self.summaries: dict[int, dict[str, int]] = {}
@@ -163,6 +167,11 @@ class Profiler:
             self._open = None
 
     # ---- results ---------------------------------------------------------------------------------
+    @property
+    def steps(self) -> list[int]:
+        """The engine steps the window recorded so far (its active steps, not the wait / warm-up ones)."""
+        return self._active_steps()
+
     def _active_steps(self) -> list[int]:
         first = self.wait + self.warmup
         return [step for num, step in self._step_map if first <= num < first + self.num_steps]

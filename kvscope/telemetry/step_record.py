@@ -46,15 +46,11 @@ def step_record(batch: BatchSummary, t: StepTimings, stats: SchedulerStats, kv: 
                 page_map: dict[int, PageEntry], page_map_full: bool, memory: dict[str, Any]) -> StepRecord:
     """The record of a finished step: its batch, phase times, the counters after it, and what the
     recorder tracked (``kv``, the page map's changes or snapshot, a memory sample)."""
-    prefill_seqs = prefill_tokens = decode_seqs = decode_tokens = num_sampled = 0
-    for item in batch.scheduled:  # the batch's composition
-        if item.kind == "decode":
-            decode_seqs += 1
-            decode_tokens += item.num_tokens
-        else:
-            prefill_seqs += 1
-            prefill_tokens += item.num_tokens
-        num_sampled += item.sampled + item.num_accepted_tokens  # drafts accepted: more tokens
+    scheduled = batch.scheduled  # the batch's composition (comprehensions: one pass each, no branches)
+    decodes = [item.num_tokens for item in scheduled if item.kind == "decode"]
+    decode_seqs, decode_tokens = len(decodes), sum(decodes)
+    prefill_seqs, prefill_tokens = len(scheduled) - decode_seqs, sum([i.num_tokens for i in scheduled]) - decode_tokens
+    num_sampled = sum([i.sampled + i.num_accepted_tokens for i in scheduled])  # drafts accepted: more tokens
     return StepRecord(
         step=batch.step,
         t_start_ns=t.start_ns,

@@ -12,6 +12,8 @@ MAX_DEPTH = 1 << 32  # blocks before a block in its sequence
 MAX_BLOCK_SIZE = 1 << 16  # tokens per block (limits.py)
 MAX_NUM_BLOCKS = 1 << 32
 MAX_LAYOUT_ROWS = 1 << 20  # blocks drawn in one residency icicle
+MAX_MEDIA = 9  # media counted apart per engine, and "other" (limits.py)
+ROLES = ("kv_producer", "kv_consumer", "kv_both")  # vLLM's kv_role (kv_transfer.py)
 _RES_COUNTS = ("kv_blocks_stored", "kv_blocks_resident", "kv_block_stores", "kv_blocks_evicted",
                "kv_blocks_restored", "kv_blocks_cleared", "kv_chains", "kv_shared_blocks")
 _LAYOUT_INTS = ("x0", "x1", "y0", "y1", "chains", "stored_ns")
@@ -48,6 +50,8 @@ def _engine(name: str, e: dict) -> None:
         top = MAX_BLOCK_SIZE if key == "block_size" else MAX_NUM_BLOCKS
         if e.get(key) is not None and not _is_int(e[key], 1, top):
             raise ValueError(f"watch.engines[{name!r}].{key} is not a whole number from 1 to {top:,}")
+    if e.get("kv_role") not in (None, *ROLES):
+        raise ValueError(f"watch.engines[{name!r}].kv_role is not one of {', '.join(ROLES)}")
     for key in ("url", "server", "engine", "state", "error", "model"):
         if e.get(key) is not None and not isinstance(e[key], str):
             raise ValueError(f"watch.engines[{name!r}].{key} is not text")
@@ -73,6 +77,10 @@ def _residency(name: str, res: dict) -> None:
     for key in _RES_COUNTS:
         if res.get(key) is not None and not _is_int(res[key]):
             raise ValueError(f"{where}.{key} is not a count")
+    media = res.get("kv_blocks_by_medium", {})
+    if not isinstance(media, dict) or len(media) > MAX_MEDIA or not all(
+            isinstance(m, str) and len(m) <= 32 and _is_int(n) for m, n in media.items()):
+        raise ValueError(f"{where}.kv_blocks_by_medium is not an object of counts by medium")
     if res.get("kv_block_size") is not None and not _is_int(res["kv_block_size"], 1, MAX_BLOCK_SIZE):
         raise ValueError(f"{where}.kv_block_size is not a whole number from 1 to {MAX_BLOCK_SIZE:,}")
     hot = res.get("hot", [])
@@ -90,6 +98,32 @@ def _residency(name: str, res: dict) -> None:
                 or not all(isinstance(r, bool) for r in layout["restored"]) \
                 or any(abs(v) > MAX_DEPTH for c in ("x0", "x1", "y0", "y1") for v in layout[c]):
             raise ValueError(f"{where}.layout is not an icicle layout")
+
+
+def _kv_transfer(name: str, e: dict) -> None:
+    """One engine's KV-transfer entry (``kv_transfer.engine_entry``)."""
+    where = f"watch.kv_transfer[{name!r}]"
+    if e.get("role") not in (None, *ROLES) or not isinstance(e.get("role_from", ""), str):
+        raise ValueError(f"{where}.role is not one of {', '.join(ROLES)}")
+    if not isinstance(e.get("connectors", []), list) or not all(isinstance(c, str) for c in e.get("connectors", [])):
+        raise ValueError(f"{where}.connectors is not a list of names")
+    for key in ("counts", "kv_fetch"):
+        part = e.get(key, {})
+        if not isinstance(part, dict) or not all(_is_int(v) for v in part.values()):
+            raise ValueError(f"{where}.{key} is not an object of counts")
+    seconds = e.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(_is_num(v, none=False) and v >= 0 for v in seconds.values()):
+        raise ValueError(f"{where}.seconds is not an object of durations")
+    hists = e.get("histograms", {})
+    if not isinstance(hists, dict):
+        raise ValueError(f"{where}.histograms is not an object")
+    for short, h in hists.items():
+        _histogram(f"{where}.histograms[{short!r}]", h)
+    offload = e.get("offload", {})
+    if not isinstance(offload, dict) or not all(
+            isinstance(o, dict) and _is_int(o.get("bytes", 0)) and _is_int(o.get("transfers", 0))
+            and _is_num(o.get("seconds", 0), none=False) and o.get("seconds", 0) >= 0 for o in offload.values()):
+        raise ValueError(f"{where}.offload is not an object of {{bytes, seconds, transfers}} by transfer_type")
 
 
 def check_watch(watch: Any) -> None:
@@ -115,6 +149,8 @@ def check_watch(watch: Any) -> None:
             _histogram(f"watch.histograms[{name!r}][{short!r}]", h)
     for name, res in _objects(watch, "residency").items():
         _residency(name, res)
+    for name, entry in _objects(watch, "kv_transfer").items():
+        _kv_transfer(name, entry)
     faults = watch.get("faults", {})
     if not isinstance(faults, dict) or not all(_is_int(v) for v in faults.values()):
         raise ValueError("watch.faults is not an object of counts")

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.watch import kv_transfer as kvt
 from kvscope.watch.limits import MAX_COUNT
 from kvscope.watch.metrics import Histogram, MetricsSample
 from kvscope.watch.residency import Residency
@@ -85,13 +86,18 @@ class EngineState:
     connected: bool = False
     seen_ns: int = 0  # when data of it last came (a sample, events, a plugin line)
     gone: bool = False  # nothing came for ENGINE_TTL_S: out of the fleet, its lane stops (back when data comes)
+    transfer_before: dict[str, Any] | None = None  # the KV-transfer entry at the last lane row
+    transfer_cache: tuple[Any, Any] = (None, None)  # (the sample it was made from, the KV-transfer entry)
 
-    def histograms(self) -> dict[str, Histogram]:
-        """Observations since the watch began (across restarts)."""
+    def histograms(self, bases: tuple[str, ...] | None = None) -> dict[str, Histogram]:
+        """Observations since the watch began (across restarts); ``bases``: only those families (a split
+        series, ``name{label=value}``, by its name)."""
         now = self.last.histograms if self.last is not None else {}
-        out = dict(self.hist_done)
+        out = dict(self.hist_done) if bases is None else {
+            k: h for k, h in self.hist_done.items() if k.split("{", 1)[0] in bases}
         for name, h in now.items():
-            out[name] = _hist_add(self.hist_done.get(name), h.minus(self.hist_base.get(name)))
+            if bases is None or name.split("{", 1)[0] in bases:
+                out[name] = _hist_add(self.hist_done.get(name), h.minus(self.hist_base.get(name)))
         return out
 
     def totals_json(self) -> dict[str, Any]:
@@ -112,6 +118,21 @@ class EngineState:
         hists = self.histograms()
         return {short: hist_json(h) for short, name in HIST_NAMES.items() if (h := hists.get(name)) is not None}
 
+    def transfer_json(self) -> dict[str, Any] | None:
+        """The engine's KV transfers and role since the watch began (``kv_transfer.engine_entry``); ``None``
+        when its page shows no KV connector."""
+        if self.last is None:
+            return None
+        if self.transfer_cache[0] is self.last:  # a new sample (or a restart) replaces ``last``
+            return self.transfer_cache[1]
+        names = [*self.last.counters, *self.last.histograms]
+        entry = None
+        if kvt.connectors(names) or any(k.startswith(kvt.KV_FETCH) for k in self.last.gauges):
+            hists = {name: hist_json(h) for name, h in self.histograms(kvt.HISTOGRAMS).items()}
+            entry = kvt.engine_entry(names, self.last.gauges, self.totals, hists)
+        self.transfer_cache = (self.last, entry)
+        return entry
+
     def lane_row(self, pending: dict[str, float]) -> dict[str, Any]:
         """This interval's row of the engine's lane (``LANE_COLUMNS``; ``None`` where not known), from its
         last sample, its counter deltas since the last tick (``pending``, by vLLM counter) and its KV events."""
@@ -125,6 +146,10 @@ class EngineState:
             for name in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "preemptions",
                          "finished"):
                 row[name] = count(pending.get(COUNTER_OF[name], 0.0))
+            entry = self.transfer_json()
+            row["kv_transfers"], row["kv_transfer_bytes"], row["kv_offload_bytes"] = \
+                kvt.interval_values(entry, self.transfer_before)
+            self.transfer_before = entry
         if self.has_events:
             counts = self.residency.take_interval()
             row["blocks_stored"] = counts.stored

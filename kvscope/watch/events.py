@@ -35,6 +35,7 @@ from kvscope.watch.limits import (
     MAX_BLOCKS_PER_EVENT,
     MAX_FRAME_BYTES,
     MAX_HASH_BYTES,
+    MAX_MEDIUM,
     MAX_RANK,
     MAX_REPLAY_BATCHES,
     RCVHWM,
@@ -113,7 +114,14 @@ def _as_map(obj: Any) -> dict[str, Any]:
 
 
 def _medium(value: Any) -> str:
-    return value if isinstance(value, str) and value else "GPU"
+    """Where the blocks are (vLLM: "GPU", "CPU", ...; absent or ``None``: "GPU"); ``ValueError`` for text
+    longer than ``MAX_MEDIUM`` or with other than ASCII letters, digits, ``_`` and ``-``."""
+    if value is None or value == "":
+        return "GPU"
+    if not isinstance(value, str) or len(value) > MAX_MEDIUM or not value.isascii() \
+            or not value.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"an event with medium {str(value)[:40]!r}")
+    return value
 
 
 def _group(value: Any) -> int:

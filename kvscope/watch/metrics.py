@@ -20,11 +20,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kvscope.watch import kv_transfer as kvt
 from kvscope.watch.limits import (
     MAX_BLOCK_SIZE,
     MAX_BUCKETS,
     MAX_COUNTERS,
     MAX_ENGINES,
+    MAX_HISTOGRAMS,
     MAX_INFO_LABELS,
     MAX_LABEL,
     MAX_NUM_BLOCKS,
@@ -34,17 +36,20 @@ from kvscope.watch.limits import (
 )
 from kvscope.watch.page import FetchCancelled, FetchError, families, get
 
-GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", *kvt.GAUGES)
 COUNTERS = (
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:request_success_total",
-    "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_by_source_total",
+    "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_by_source_total", *kvt.COUNTERS,
 )
-# counters also kept per value of one label, as "name{label=value}"
-SPLIT_BY = {"vllm:request_success_total": "finished_reason", "vllm:prompt_tokens_by_source_total": "source"}
+# series kept per value of one label, as "name{label=value}" (counters: also summed under their name;
+# gauges and histograms: only split); the KV-transfer families are kv_transfer.py's
+SPLIT_BY = {"vllm:request_success_total": "finished_reason", "vllm:prompt_tokens_by_source_total": "source",
+            **kvt.SPLIT_BY}
 HISTOGRAMS = (
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    *kvt.HISTOGRAMS,
 )
 CACHE_INFO = "vllm:cache_config_info"
 _HIST_SAMPLES = {f"{h}{s}": (h, s) for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
@@ -77,11 +82,11 @@ class MetricsSample:
     t_ns: int
     engine: str  # the ``engine`` label ("0" when absent)
     model_name: str | None = None
-    gauges: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)  # split ones as counters: 'name{stage=in_progress}'
     # full sample names, e.g. vllm:prompt_tokens_total (summed over other labels), and per SPLIT_BY label
     # value, e.g. 'vllm:request_success_total{finished_reason=stop}'
     counters: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Histogram] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)  # split ones: 'vllm:kv_offload_size{transfer_type=..}'
     cache_info: dict[str, str] = field(default_factory=dict)  # labels of vllm:cache_config_info
 
     def gauge(self, name: str) -> float | None:
@@ -163,18 +168,30 @@ def parse(text: str, t_ns: int | None = None) -> Scrape:
     return Scrape(samples, counts[0], truncated=bool(counts[1]), num_engines_dropped=len(dropped))
 
 
+def _split(name: str, labels: dict, into: dict, top: int) -> str | None:
+    """The key of ``name`` in ``into``: ``name{label=value}`` for a series split by a label (``None`` when
+    ``into`` holds ``top`` keys already and this would be a new one), else ``name``."""
+    split = SPLIT_BY.get(name)
+    if split is None:
+        return name
+    key = kvt.split_key(name, split, str(labels.get(split, "?"))[:MAX_LABEL])
+    return key if key in into or len(into) < top else None
+
+
 def _add(sample: MetricsSample, name: str, labels: dict, value: float) -> bool:
-    """One checked sample into ``sample``; ``False`` if it cannot be used (a bad bucket bound)."""
+    """One checked sample into ``sample``; ``False`` if it cannot be used (a bad bucket bound, or one series
+    more than ``MAX_COUNTERS`` / ``MAX_HISTOGRAMS``)."""
     if name in GAUGES:
-        sample.gauges[name] = value
+        key = _split(name, labels, sample.gauges, MAX_COUNTERS)
+        if key is None:
+            return False
+        sample.gauges[key] = sample.gauges.get(key, 0.0) + value if key != name else value
     elif name in COUNTERS:
+        key = _split(name, labels, sample.counters, MAX_COUNTERS)
+        if key is None:
+            return False
         sample.counters[name] = sample.counters.get(name, 0.0) + value
-        split = SPLIT_BY.get(name)
-        if split is not None:
-            label = str(labels.get(split, "?"))[:MAX_LABEL]
-            key = f"{name}{{{split}={label}}}"
-            if key not in sample.counters and len(sample.counters) >= MAX_COUNTERS:
-                return False
+        if key != name:
             sample.counters[key] = sample.counters.get(key, 0.0) + value
     elif name == CACHE_INFO:
         sample.cache_info = {k: v for k, v in list(labels.items())[:MAX_INFO_LABELS]
@@ -185,7 +202,10 @@ def _add(sample: MetricsSample, name: str, labels: dict, value: float) -> bool:
 
 
 def _add_hist(sample: MetricsSample, base: str, suffix: str, labels: dict, value: float) -> bool:
-    hist = sample.histograms.setdefault(base, Histogram())
+    key = _split(base, labels, sample.histograms, MAX_HISTOGRAMS)
+    if key is None or (key not in sample.histograms and len(sample.histograms) >= MAX_HISTOGRAMS):
+        return False
+    hist = sample.histograms.setdefault(key, Histogram())
     if suffix == "_sum":
         hist.sum += value
     elif suffix == "_count":

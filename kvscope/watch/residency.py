@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from kvscope.watch.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvscope.watch.limits import MAX_GUARD_STEPS, MAX_RESIDENT, Remembered
+from kvscope.watch.limits import MAX_GUARD_STEPS, MAX_MEDIA, MAX_RESIDENT, Remembered
 
 _MEDIA: dict[frozenset[str], frozenset[str]] = {}
 
@@ -69,6 +69,12 @@ class Residency:
         self.version = 0  # changes with every change of what is cached (derived views are cached on it)
         self._interval = IntervalCounts()
         self._chains_below: tuple[int, dict[str, int]] = (-1, {})
+        self.by_medium: dict[str, int] = {}  # cached blocks per medium (a block in two media counts in both)
+
+    def _count_media(self, media: Iterable[str], delta: int) -> None:  # MAX_MEDIA by name, then "other"
+        for medium in media if delta else ():
+            key = medium if medium in self.by_medium or len(self.by_medium) < MAX_MEDIA else "other"
+            self.by_medium[key] = self.by_medium.get(key, 0) + delta
 
     @property
     def num_distinct(self) -> int:
@@ -93,8 +99,7 @@ class Residency:
             n = len(self.blocks)
             self.num_cleared += n
             self._interval.cleared += n
-            self.blocks.clear()
-            self.children.clear()
+            self.clear()
 
     def apply_all(self, events: Iterable[KVEvent], t_ns: int) -> None:
         for event in events:
@@ -105,6 +110,7 @@ class Residency:
         self._interval.stored += 1
         block = self.blocks.get(key)
         if block is not None:  # already cached (another medium, or stored twice)
+            self._count_media((medium,), medium not in block.media)
             block.media = _media(block.media | {medium})
             block.times_stored += 1
             block.stored_ns = t_ns
@@ -119,6 +125,7 @@ class Residency:
             for old in list(islice(self.blocks, MAX_RESIDENT // 16)):
                 self._forget(old)
         self.blocks[key] = CachedBlock(parent, depth, t_ns, 2 if before else 1, _media(frozenset((medium,))))
+        self._count_media((medium,), 1)
         if parent is not None:
             kids = self.children.get(parent)
             if kids is None or kids == key:
@@ -145,6 +152,7 @@ class Residency:
         """Drop a cached block to make room (not an eviction the server reported)."""
         self.num_forgotten += 1
         block = self.blocks.pop(key)
+        self._count_media(block.media, -1)
         self._unlink(key, block)
 
     def _remove(self, key: str, medium: str) -> None:
@@ -153,6 +161,7 @@ class Residency:
             self.num_removed_unseen += 1
             self._interval.removed += 1
             return
+        self._count_media((medium,), -(medium in block.media))
         block.media = _media(block.media - {medium})
         if block.media:  # still cached elsewhere (e.g. offloaded to the CPU)
             return
@@ -176,6 +185,7 @@ class Residency:
         self.version += 1
         self.blocks.clear()
         self.children.clear()
+        self.by_medium.clear()
 
     def take_interval(self) -> IntervalCounts:
         counts, self._interval = self._interval, IntervalCounts()
@@ -270,7 +280,8 @@ class Residency:
             "kv_blocks_evicted": self.num_removed + self.num_removed_unseen,
             "kv_blocks_restored": self.num_restored,
             "kv_blocks_cleared": self.num_cleared,
-            "kv_block_size": self.block_size,
+            "kv_block_size": self.block_size,  # and cached blocks per the events' medium (GPU, CPU, ...):
+            "kv_blocks_by_medium": {m: n for m, n in sorted(self.by_medium.items()) if n > 0},
         }
 
     def tree(self, hot: int = 5, max_rows: int | None = None) -> dict:

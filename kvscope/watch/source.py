@@ -99,7 +99,7 @@ class WatchSource:
         self.watch: dict[str, Any] = {
             "version": WATCH_FORMAT_VERSION, "urls": self.urls, "interval_s": interval_s, "t0_ns": self.t0_ns,
             "plugin": plugin_records, "engines": {}, "lanes": {}, "fleet": new_lane(),
-            "totals": {}, "histograms": {}, "residency": {}, "faults": dict(self.faults), "lost": [],
+            "totals": {}, "histograms": {}, "residency": {}, "kv_transfer": {}, "faults": dict(self.faults), "lost": [],
             "servers": {}, "model": None,
         }
 

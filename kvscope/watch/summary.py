@@ -14,11 +14,16 @@ import math
 from typing import Any
 
 from kvscope.watch.check import check_watch
+from kvscope.watch.quantiles import as_dict as _dict
+from kvscope.watch.quantiles import buckets, merged, quantile
+from kvscope.watch.transfer_summary import ESTIMATED as TRANSFER_ESTIMATED
+from kvscope.watch.transfer_summary import engine_transfer, media, transfer_summary
 
-__all__ = ["ENGINE_KEYS", "ESTIMATED", "check_watch", "engine_tracks", "fleet_kpis", "quantile", "watch_summary"]
+__all__ = ["ENGINE_KEYS", "ESTIMATED", "buckets", "check_watch", "engine_tracks", "fleet_kpis", "merged", "quantile",
+           "watch_summary"]
 
 ESTIMATED = ("ttft_p50_s_estimate", "ttft_p99_s_estimate", "itl_p50_s_estimate", "itl_p99_s_estimate",
-             "e2e_p50_s_estimate", "e2e_p99_s_estimate")
+             "e2e_p50_s_estimate", "e2e_p99_s_estimate", *TRANSFER_ESTIMATED)
 UNKNOWN = ("mean_fragmentation", "peak_fragmentation", "peak_token_usage", "peak_kv_bytes",
            "peak_static_reservation_bytes")
 ENGINE_KEYS = ("prompt_tokens", "generation_tokens", "computed_prompt_tokens", "prefix_cache_queries",
@@ -30,53 +35,6 @@ _TOTAL_OF = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def buckets(h: Any) -> list[tuple[float, float]]:
-    """A histogram of the watch dict (``{"le": [...], "counts": [...]}``, "+Inf" for the last bound)."""
-    h = _dict(h)
-    les, counts = h.get("le"), h.get("counts")
-    if not isinstance(les, list) or not isinstance(counts, list) or len(les) != len(counts):
-        return []
-    out = []
-    for le, c in zip(les, counts):
-        bound = math.inf if le == "+Inf" else le
-        if not isinstance(bound, (int, float)) or not isinstance(c, (int, float)) or isinstance(c, bool):
-            return []
-        out.append((float(bound), float(c)))
-    return out
-
-
-def merged(hists: list[Any]) -> list[tuple[float, float]]:
-    """Several engines' buckets added up (those with other bounds are left out)."""
-    total: list[tuple[float, float]] = []
-    for h in hists:
-        b = buckets(h)
-        if not b:
-            continue
-        if not total:
-            total = b
-        elif [le for le, _ in total] == [le for le, _ in b]:
-            total = [(le, x + y) for (le, x), (_, y) in zip(total, b)]
-    return total
-
-
-def quantile(cumulative: list[tuple[float, float]], q: float) -> float:
-    """Prometheus' ``histogram_quantile`` (an estimate: linear inside the bucket)."""
-    if not cumulative or cumulative[-1][1] <= 0:
-        return math.nan
-    rank, lower, below = q * cumulative[-1][1], 0.0, 0.0
-    for le, c in cumulative:
-        if c >= rank:
-            if math.isinf(le):
-                return lower
-            return le if c == below else lower + (le - lower) * (rank - below) / (c - below)
-        lower, below = le, c
-    return lower
 
 
 def _latency(hists: list[Any]) -> dict[str, float]:
@@ -92,6 +50,7 @@ def watch_summary(watch: Any) -> dict[str, Any]:
     """The watch's own headline numbers, fleet-wide and per engine (``engines``)."""
     w = _dict(watch)
     totals, hists, residency = _dict(w.get("totals")), _dict(w.get("histograms")), _dict(w.get("residency"))
+    transfers = _dict(w.get("kv_transfer"))
     engines: dict[str, dict[str, Any]] = {}
     for key in _dict(w.get("engines")):
         t = _dict(totals.get(key))
@@ -102,7 +61,9 @@ def watch_summary(watch: Any) -> dict[str, Any]:
         e["kv_blocks_stored"] = _int(res.get("kv_blocks_stored")) if res else None
         e["kv_blocks_evicted"] = _int(res.get("kv_blocks_evicted")) if res else None
         e["kv_blocks_resident"] = _int(res.get("kv_blocks_resident")) if res else None
+        e["kv_blocks_by_medium"] = media(res) if res else None
         e.update(_latency([hists.get(key)]))
+        e.update(engine_transfer(transfers.get(key)))  # kv_role, NIXL transfers, offloading (transfer_summary.py)
         e["state"] = _dict(_dict(w.get("engines")).get(key)).get("state")
         engines[str(key)] = e
     out: dict[str, Any] = {name: sum(_int(e[name]) for e in engines.values()) for name in ENGINE_KEYS}
@@ -114,7 +75,13 @@ def watch_summary(watch: Any) -> dict[str, Any]:
         sum(e["kv_blocks_stored"] for e in with_events) if with_events else None)
     out["kv_blocks_evicted"] = sum(e["kv_blocks_evicted"] for e in with_events) if with_events else None
     out["kv_blocks_resident"] = sum(e["kv_blocks_resident"] for e in with_events) if with_events else None
+    by_medium: dict[str, int] = {}
+    for e in with_events:
+        for m, n in (e["kv_blocks_by_medium"] or {}).items():
+            by_medium[m] = by_medium.get(m, 0) + n
+    out["kv_blocks_by_medium"] = by_medium if with_events else None
     out.update(_latency(list(hists.values())))
+    out.update(transfer_summary(w))
     out["engines"] = engines
     out["num_engines"] = len(engines)
     out["connection_lost"] = len(w.get("lost")) if isinstance(w.get("lost"), list) else 0
@@ -143,7 +110,8 @@ def engine_tracks(watch: Any, t0_ns: int) -> list[tuple[str, dict[str, list[tupl
         ts = lane.get("t_ns") if isinstance(lane.get("t_ns"), list) else []
         n = len(ts)
         col = {c: (v if isinstance(v, list) else [])[:n] for c, v in lane.items()}
-        tracks: dict[str, list] = {"KV cache usage": [], "requests": [], "tokens/s": [], "KV cache events": []}
+        tracks: dict[str, list] = {"KV cache usage": [], "requests": [], "tokens/s": [], "KV cache events": [],
+                                   "KV transfers": []}
         prev = None
         for i, t in enumerate(ts):
             if not isinstance(t, int):
@@ -164,6 +132,10 @@ def engine_tracks(watch: Any, t0_ns: int) -> list[tuple[str, dict[str, list[tupl
                 tracks["KV cache events"].append((t, {"stored": v("blocks_stored"),
                                                       "evicted": v("blocks_evicted") or 0,
                                                       "cached": v("blocks_resident") or 0}))
+            if v("kv_transfer_bytes") is not None or v("kv_offload_bytes") is not None:  # a KV connector
+                tracks["KV transfers"].append((t, {"NIXL MB/s": (v("kv_transfer_bytes") or 0) / 1e6 / dt,
+                                                   "offload MB/s": (v("kv_offload_bytes") or 0) / 1e6 / dt,
+                                                   "transfers": v("kv_transfers") or 0}))
         server = name.rsplit("/", 1)[0]
         end = ts[-1] if ts and isinstance(ts[-1], int) else t0_ns
         spans = [("connection lost", s[1], s[2] if isinstance(s[2], int) else end) for s in lost
@@ -175,6 +147,7 @@ def engine_tracks(watch: Any, t0_ns: int) -> list[tuple[str, dict[str, list[tupl
 WATCH_KPI_FIELDS = (
     "running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "prefix_hit_rate",
     "preemptions", "finished", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "blocks_cached", "blocks_stored",
+    "kv_transfers", "kv_transfer_mb_per_s",
 )
 RATE_WINDOW = 4  # polls the tokens/s are averaged over
 
@@ -217,4 +190,8 @@ def fleet_kpis(watch: dict) -> dict[str, float | int | None]:
     if residency:
         v["blocks_cached"] = sum(r.get("kv_blocks_resident", 0) for r in residency)
         v["blocks_stored"] = watch.get("kv_blocks_stored") or sum(r.get("kv_blocks_stored", 0) for r in residency)
+    if watch.get("kv_transfer"):  # an engine with a KV connector (NIXL transfers since the watch began)
+        t = transfer_summary(watch)
+        v["kv_transfers"] = t["kv_transfers"]
+        v["kv_transfer_mb_per_s"] = None if math.isnan(t["kv_transfer_mb_per_s"]) else t["kv_transfer_mb_per_s"]
     return v

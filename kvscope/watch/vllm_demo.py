@@ -121,10 +121,12 @@ def _signal_group(pgid: int, sig: int) -> None:
 def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plugin: bool = True,
                num_gpu_blocks: int | None = None, max_model_len: int = 512, eager: bool = True,
                extra_args: tuple[str, ...] = (), python: str | os.PathLike | None = None,
-               startup_timeout_s: float = 600) -> VllmServer:
+               startup_timeout_s: float = 600, env: dict[str, str] | None = None) -> VllmServer:
     """Start vLLM's OpenAI server on ``model_dir`` (block size 32, prefix caching and KV events on, fp32,
     1 GiB KV space unless ``num_gpu_blocks`` overrides it) and wait for ``/health``. ``eager``: skip the
-    model's compilation (a minute more at start); ``workdir`` gets the log and the plugin's JSONL. Raises ``RuntimeError`` with the log's end if it does not come up."""
+    model's compilation (a minute more at start); ``workdir`` gets the log and the plugin's JSONL; ``env``: more
+    environment (e.g. ``VLLM_NIXL_SIDE_CHANNEL_PORT``). Raises ``RuntimeError`` with the log's end if it does
+    not come up."""
     python = Path(python) if python else vllm_python()
     if python is None:
         raise RuntimeError(f"no vLLM {VLLM_VERSION} virtualenv: run {REPO / PREPARE}")
@@ -144,8 +146,10 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
     cmd += list(extra_args)
     plugin_log = workdir / "vllm-steps.jsonl" if plugin else None
     # VLLM_HOST_IP: vLLM's own processes talk over loopback too; no usage statistics leave the machine.
+    extra_env = env
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(extra_env or {})
     env.pop("KVSCOPE_VLLM_PLUGIN", None)
     if plugin_log is not None:
         env["KVSCOPE_VLLM_PLUGIN"] = str(plugin_log)
@@ -167,6 +171,25 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
             server.stop()
             raise RuntimeError(f"vLLM did not come up ({' '.join(cmd)}):\n{server.log_tail()}")
         time.sleep(1.0)
+
+
+def nixl_config(role: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``start_vllm``'s ``extra_args`` and ``env`` for one instance of a P/D pair on this machine: vLLM's
+    ``NixlConnector`` with its KV buffer in CPU memory (``kv_role``: ``kv_producer`` / ``kv_consumer``), its
+    NIXL side channel on a free port of 127.0.0.1. Needs NIXL in the vLLM virtualenv (``.ci/vllm-env``)."""
+    config = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    return ("--kv-transfer-config", json.dumps(config)), env
+
+
+def pd_complete(prefill: VllmServer, decode: VllmServer, prompt: list[int] | str, max_tokens: int = 8) -> dict:
+    """One request through a P/D pair, as vLLM's toy proxy sends it: the prompt to the producer with
+    ``do_remote_decode`` (one token), then to the consumer with the ``kv_transfer_params`` the producer gave
+    back (the consumer reads the prompt's KV blocks from the producer, then decodes)."""
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    first = prefill.complete(prompt, max_tokens=1, kv_transfer_params=params)
+    return decode.complete(prompt, max_tokens=max_tokens, kv_transfer_params=first.get("kv_transfer_params"))
 
 
 def serve_for_demo(workdir: str | os.PathLike | None = None, **kwargs: Any) -> VllmServer:

@@ -24,10 +24,12 @@ from kvscope.watch.limits import MAX_LANE_ROWS
 LANE_COLUMNS = (
     "connected", "running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "prefix_queries",
     "prefix_hits", "preemptions", "finished", "blocks_stored", "blocks_evicted", "blocks_resident",
+    "kv_transfers", "kv_transfer_bytes", "kv_offload_bytes",  # KV connector metrics (None without one)
 )
 # columns that count what happened in the interval (added up when rows merge); the others are states
 COUNT_COLUMNS = frozenset(("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "preemptions",
-                           "finished", "blocks_stored", "blocks_evicted"))
+                           "finished", "blocks_stored", "blocks_evicted", "kv_transfers", "kv_transfer_bytes",
+                           "kv_offload_bytes"))
 
 
 def new_lane() -> dict[str, list]:
@@ -46,7 +48,7 @@ def compacted(lane: dict[str, list], keep: int) -> dict[str, list]:
     old = max(n - keep, 0) // 2 * 2
     out: dict[str, list] = {}
     for name in (*LANE_COLUMNS, "t_ns"):
-        col = lane[name][:n]
+        col = lane.get(name, [None] * n)[:n]
         counts = name in COUNT_COLUMNS
         out[name] = [_merged(col[i], col[i + 1], counts) for i in range(0, old, 2)] + col[old:]
     return out
@@ -57,7 +59,7 @@ def append_row(lane: dict[str, list], row: dict[str, Any], t_ns: int, limit: int
     if len(lane["t_ns"]) >= limit:
         lane = compacted(lane, limit // 2)
     for name in LANE_COLUMNS:
-        lane[name].append(row[name])
+        lane.setdefault(name, [None] * len(lane["t_ns"])).append(row[name])
     lane["t_ns"].append(t_ns)
     return lane
 
@@ -81,20 +83,25 @@ def residency_entry(src: Any, eng: Any, layout: bool, force: bool) -> dict[str, 
 def describe(src: Any, *, layout: bool, force: bool) -> None:
     """Replace the derived parts of ``src.watch``."""
     w = src.watch
-    engines, totals, hists, residency = {}, {}, {}, {}
+    engines, totals, hists, residency, transfer = {}, {}, {}, {}, {}
     for key, eng in src.engines.items():
         last = eng.last
+        entry = eng.transfer_json()
         engines[key] = {
             "url": src.urls[eng.server], "server": src.names[eng.server], "engine": eng.label,
             "state": src.state_of(eng), "error": src.server_error[eng.server],
             "model": last.model_name if last else None, "block_size": eng.block_size,
             "num_gpu_blocks": eng.num_gpu_blocks, "events": eng.has_events, "plugin": bool(eng.plugin_totals),
+            "kv_role": entry["role"] if entry else None,
         }
         totals[key] = eng.totals_json()
         hists[key] = eng.histograms_json()
         if eng.has_events:
             residency[key] = residency_entry(src, eng, layout, force)
+        if entry is not None:
+            transfer[key] = entry
     w["engines"], w["totals"], w["histograms"], w["residency"] = engines, totals, hists, residency
+    w["kv_transfer"] = transfer  # per engine with a KV connector: role, NIXL transfers, offloading (kv_transfer.py)
     with_events = [e for e in src.engines.values() if e.has_events]
     w["kv_blocks_stored"] = (src.fleet_hashes.num_distinct if len(with_events) > 1
                              else sum(e.residency.num_distinct for e in with_events)) if with_events else None

@@ -101,10 +101,16 @@ def test_overhead_quick():
         for m in (re.match(r"^(.+?)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s", line) for line in lines)
         if m
     }
-    for mode in ("telemetry off", "telemetry on", "live dashboard attached (headless)"):
-        assert mode in rows, f"no row for {mode}:\n{lines[-6:]}"
+    for mode in ("telemetry off", "telemetry on", "everything on (+ --capture-slow armed)",
+                 "live dashboard attached (headless)"):
+        assert mode in rows, f"no row for {mode}:\n{lines[-8:]}"
         assert float(rows[mode].group(2)) > 0
     assert float(rows["telemetry off"].group(3)) == 1.0
+    ratio = re.match(r"RATIO everything on / telemetry on: ([0-9.]+) \(tok/CPU-s; paired vs off: ([0-9.]+) before, "
+                     r"([0-9.]+) after\)", lines[-3])
+    assert ratio and all(float(x) > 0 for x in ratio.groups()), lines[-3]
+    check = re.match(r"capture-slow check: ([0-9.]+) us CPU per step = ([0-9.]+)% of the steps' CPU time", lines[-2])
+    assert check and float(check.group(1)) > 0, lines[-2]
     assert re.match(r"recorder: \d+ us CPU per step = [0-9.]+% of the steps' CPU time", lines[-1])
 
 

@@ -79,3 +79,33 @@ def test_sweep_simulate_sweeps_a_setting_without_the_model(recorded):
     assert done.returncode == 0, done.stderr
     rows = (recorded / "sw.csv").read_text().splitlines()
     assert len(rows) == 3  # a header and one row per block size
+
+
+def test_simulate_pd_writes_transfers_that_load_back(tmp_path):
+    """``kvscope simulate --pd 1P1D --kv-bandwidth``: the files of a P/D run, marked simulated."""
+    done = kvscope("simulate", "--gpu", "h100", "--model", "llama-7b", "--pd", "1P1D", "--kv-bandwidth", "10",
+                   "--kv-latency", "0.001", "-n", "6", "--prompt-len", "64-200", "--output-len", "8-16",
+                   "--rate", "10", "--out", "pd", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "1P1D, KV at 10 GB/s + 0.001 s" in done.stdout
+    for name in ("pd.metrics.jsonl", "pd.trace.json"):
+        run = load(tmp_path / name)
+        s = run.summary()
+        assert run.meta["simulated"]["pd"]["kv_bandwidth_gb_per_s"] == 10
+        assert s["kv_transfers"] == 6 and s["kv_transfer_bytes"] > 0
+        assert s["decode-0_itl_p50_s"] > 0 and s["prefill-0_ttft_p50_s"] > 0
+        for t in run.meta["pd"]["transfers"]:
+            assert (t["end_ns"] - t["start_ns"]) / 1e9 == pytest.approx(t["num_bytes"] / 10e9 + 0.001, abs=1e-8)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kv-bandwidth", "10"], "--kv-bandwidth is the KV transfer between P/D instances: add --pd"),
+    (["--pd", "1P1D", "--kv-bandwidth", "0"], "must be above 0"),
+    (["--pd", "1P1D", "--kv-latency", "-1"], "between 0 and 10 seconds"),
+    (["--pd", "1P1D", "--kv-bandwidth", "fast"], "not a number of GB/s"),
+    (["--pd", "3X"], "write <n>P<m>D"),
+])
+def test_simulate_pd_refusals_name_the_fix(tmp_path, args, message):
+    done = kvscope("simulate", "--gpu", "h100", "--model", "llama-7b", "-n", "2", *args, cwd=tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr

@@ -57,6 +57,7 @@ BAD = {
     "--speculative": ["ngram", "ngram:0", "ngram:x", "ngram:4:3-2", "ngram:100", "eagle:3", "draft:tiny",
                       "draft:no-such-model:3"],
     "--pd": ["1P", "0P1D", "1P17D", "P1D", "1D1P", "x"],
+    "--capture-slow": ["-1", "x", "3:0", "3:65", "1001", "3:x", ":", "3:2:1"],
     "--step-delay": ["-1", "nan", "inf", "x"],
     "--trace": ["{tmp}", "{tmp}/no/such/t.json", UNWRITABLE],
     "--metrics": ["{tmp}", UNWRITABLE],
@@ -131,6 +132,8 @@ def test_specs_are_well_formed():
     (options.positive_int, "7", 7), (options.nonneg_int, "0", 0), (options.block_size, "64", 64),
     (options.size, "2MiB", 2 << 20), (options.nonneg_size, "0", 0), (options.length_range, "8-16", (8, 16)),
     (options.length_range, "5", (5, 5)), (options.seconds, "0.25", 0.25), (options.refresh_rate, "0.5", 0.5),
+    (options.capture_slow, "5", (5, options.DEFAULT_CAPTURE_WINDOWS)), (options.capture_slow, " 2:7 ", (2, 7)),
+    (options.capture_slow, "off", None), (options.capture_slow, "0", None),
 ])
 def test_value_parsers_read_good_values(parse, text, value):
     assert parse(text) == value
@@ -146,6 +149,7 @@ def test_value_parsers_read_good_values(parse, text, value):
     (options.seconds, "nan", "'nan' must be a number of seconds >= 0"),
     (options.seconds, "soon", "'soon' is not a number"),
     (options.refresh_rate, "11", "'11' must be between 0.5 and 10 updates per second"),
+    (options.capture_slow, "4:0", "'4:0': write STEPS or STEPS:WINDOWS"),
     (options.out_path, "/no/such/dir/t.json", "the folder of '/no/such/dir/t.json' does not exist"),
 ])
 def test_value_parsers_refuse_with_one_neutral_error(parse, text, why):

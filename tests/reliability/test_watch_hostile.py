@@ -36,6 +36,18 @@ def _engine(**kw):
                             "ttft": [0.02, 0.03], **kw})
 
 
+def _nixl(**kw):
+    from fakes import NixlMetrics
+
+    return NixlMetrics(**{"xfer_time": [0.01], "bytes_transferred": [4096.0], **kw})
+
+
+def _offload(**kw):
+    from fakes import OffloadMetrics
+
+    return OffloadMetrics(**kw)
+
+
 def _page(**kw) -> str:
     return render({"0": _engine(**kw)})
 
@@ -48,6 +60,11 @@ HOSTILE_PAGES = {  # what the page says from the third scrape on
     "block size 1e300": _page().replace('block_size="32"', 'block_size="1e300"').replace(
         'num_gpu_blocks="64"', 'num_gpu_blocks="inf"'),
     "negative counter": _page(generation_tokens=-5),
+    # vLLM's KV connector families (issue 24): NIXL, offloading by transfer_type, the KV fetch gauge
+    "NIXL bytes 1e30": _page(nixl=_nixl(bytes_transferred=[1e30])),
+    "NIXL failures -1": _page(nixl=_nixl(failed_transfers=-1)),
+    "offload time NaN": _page(offload=_offload(seconds={"GPU_to_CPU": math.nan, "CPU_to_GPU": 0.0})),
+    "KV fetch gauge 1e300": _page(kv_fetch={"in_progress": 1e300}),
 }
 
 

@@ -5,6 +5,7 @@ state the test changes; ``FakePublisher`` publishes KV event batches the way ``Z
 from __future__ import annotations
 
 import http.server
+import math
 import socket
 import threading
 import time
@@ -14,6 +15,39 @@ import msgspec
 import zmq
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+# vLLM 0.32's buckets (kv_connector/v1/nixl/stats.py, offloading/metrics.py)
+XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+POST_BUCKETS = (0.001, *XFER_BUCKETS)
+BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
+OFFLOAD_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+
+
+@dataclass
+class NixlMetrics:
+    """One engine's NIXL series (observations per transfer, cumulative counters)."""
+
+    xfer_time: list[float] = field(default_factory=list)
+    post_time: list[float] = field(default_factory=list)
+    bytes_transferred: list[float] = field(default_factory=list)
+    descriptors: list[float] = field(default_factory=list)
+    failed_transfers: float = 0
+    failed_notifications: float = 0
+    kv_expired_reqs: float = 0
+    notifications_after_expiry: float = 0
+
+
+@dataclass
+class OffloadMetrics:
+    """One engine's offloading series per transfer_type: bytes, seconds and the size of each transfer;
+    ``flat``: vLLM's flat store / load names too (CPU offload counts in both)."""
+
+    bytes: dict[str, float] = field(default_factory=lambda: {"GPU_to_CPU": 0.0, "CPU_to_GPU": 0.0})
+    seconds: dict[str, float] = field(default_factory=lambda: {"GPU_to_CPU": 0.0, "CPU_to_GPU": 0.0})
+    sizes: dict[str, list[float]] = field(default_factory=lambda: {"GPU_to_CPU": [], "CPU_to_GPU": []})
+    allocation_failures: float = 0
+    flat: bool = True
 
 
 @dataclass
@@ -33,6 +67,9 @@ class EngineMetrics:
     itl: list[float] = field(default_factory=list)
     num_gpu_blocks: int = 64
     block_size: int = 32
+    nixl: NixlMetrics | None = None  # NixlConnector's families (None: no such connector)
+    offload: OffloadMetrics | None = None
+    kv_fetch: dict[str, float] | None = None  # vllm:num_requests_kv_fetch_by_stage (kv_consumer / kv_both only)
 
 
 def render(engines: dict[str, EngineMetrics], model: str = "tiny") -> str:
@@ -71,10 +108,61 @@ def render(engines: dict[str, EngineMetrics], model: str = "tiny") -> str:
             rows.append((name + "_count", lab, len(obs)))
             rows.append((name + "_sum", lab, sum(obs)))
         family(name, "histogram", rows)
+    render_transfers(engines, model, family)
     family("vllm:cache_config_info", "gauge", [
         ("vllm:cache_config_info", {"block_size": m.block_size, "engine": e, "num_gpu_blocks": m.num_gpu_blocks,
                                     "enable_prefix_caching": "True"}, 1.0) for e, m in engines.items()])
     return "\n".join(out) + "\n"
+
+
+def _hist_rows(name: str, labels: dict, obs: list[float], bounds: tuple) -> list[tuple[str, dict, float]]:
+    rows = [(name + "_bucket", {**labels, "le": le}, sum(1 for o in obs if o <= (math.inf if le == "+Inf" else le)))
+            for le in (*bounds, "+Inf")]
+    return [*rows, (name + "_count", labels, len(obs)), (name + "_sum", labels, sum(obs))]
+
+
+def render_transfers(engines: dict[str, EngineMetrics], model: str, family) -> None:
+    """The KV connector families of the engines that have them, as vLLM 0.32 names them."""
+    lab = {e: {"engine": e, "model_name": model} for e in engines}
+    nixl = {e: m.nixl for e, m in engines.items() if m.nixl is not None}
+    for name, attr, bounds in (("vllm:nixl_xfer_time_seconds", "xfer_time", XFER_BUCKETS),
+                               ("vllm:nixl_post_time_seconds", "post_time", POST_BUCKETS),
+                               ("vllm:nixl_bytes_transferred", "bytes_transferred", BYTES_BUCKETS),
+                               ("vllm:nixl_num_descriptors", "descriptors", DESCRIPTOR_BUCKETS)):
+        if nixl:
+            family(name, "histogram", [r for e, n in nixl.items() for r in _hist_rows(name, lab[e], getattr(n, attr), bounds)])
+    for name, attr in (("vllm:nixl_num_failed_transfers", "failed_transfers"),
+                       ("vllm:nixl_num_failed_notifications", "failed_notifications"),
+                       ("vllm:nixl_num_kv_expired_reqs", "kv_expired_reqs"),
+                       ("vllm:nixl_num_notifications_after_expiry", "notifications_after_expiry")):
+        if nixl:
+            family(name, "counter", [(name + s, lab[e], getattr(n, attr) if s == "_total" else 1.7e9)
+                                     for e, n in nixl.items() for s in ("_total", "_created")])
+    off = {e: m.offload for e, m in engines.items() if m.offload is not None}
+    if off:
+        for name, attr in (("vllm:kv_offload_total_bytes", "bytes"), ("vllm:kv_offload_total_time", "seconds")):
+            family(name, "counter", [(name + "_total", {**lab[e], "transfer_type": k}, v)
+                                     for e, o in off.items() for k, v in getattr(o, attr).items()])
+        family("vllm:kv_offload_size", "histogram", [
+            r for e, o in off.items() for k, obs in o.sizes.items()
+            for r in _hist_rows("vllm:kv_offload_size", {**lab[e], "transfer_type": k}, obs, OFFLOAD_SIZE_BUCKETS)])
+        flat = {e: o for e, o in off.items() if o.flat}
+        for word, kind in (("store", "GPU_to_CPU"), ("load", "CPU_to_GPU")):
+            if flat:
+                family(f"vllm:kv_offload_{word}_bytes", "counter",
+                       [(f"vllm:kv_offload_{word}_bytes_total", lab[e], o.bytes[kind]) for e, o in flat.items()])
+                family(f"vllm:kv_offload_{word}_time", "counter",
+                       [(f"vllm:kv_offload_{word}_time_total", lab[e], o.seconds[kind]) for e, o in flat.items()])
+                family(f"vllm:kv_offload_{word}_size", "histogram", [
+                    r for e, o in flat.items()
+                    for r in _hist_rows(f"vllm:kv_offload_{word}_size", lab[e], o.sizes[kind], OFFLOAD_SIZE_BUCKETS)])
+        family("vllm:kv_offload_allocation_failure", "counter", [
+            ("vllm:kv_offload_allocation_failure_total", lab[e], o.allocation_failures) for e, o in off.items()])
+    fetch = {e: m.kv_fetch for e, m in engines.items() if m.kv_fetch is not None}
+    if fetch:
+        family("vllm:num_requests_kv_fetch_by_stage", "gauge", [
+            ("vllm:num_requests_kv_fetch_by_stage", {**lab[e], "stage": st}, f.get(st, 0))
+            for e, f in fetch.items() for st in FETCH_STAGES])
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from bokeh.plotting import figure
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
 from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
-from kvscope.widgets.panels.timeline import TimelinePanel
+from kvscope.widgets.panels.timeline import QUEUE_STATES, STATES, TimelinePanel
 from kvscope.widgets.stats import LatencyStats
 
 from kvscope.telemetry import frames as metrics
@@ -116,7 +116,7 @@ def test_page_map_matches_the_run_and_is_patched_not_resent(finished_run):
 def test_timeline_follows_each_request(finished_run):
     _, panels = _fill(finished_run)
     data = panels["timeline"].source.data
-    rows = list(zip(data["request"], data["state"], data["left"], data["right"]))
+    rows = sorted(zip(data["request"], data["state"], data["left"], data["right"]), key=lambda r: r[2:])
     assert all(left <= right for _, _, left, right in rows)
     by_request: dict[str, list[str]] = {}
     for rid, state, _, _ in rows:
@@ -125,11 +125,13 @@ def test_timeline_follows_each_request(finished_run):
     preempted = set(finished_run.requests.query("num_preemptions > 0")["request_id"])
     assert preempted
     for rid, states in by_request.items():
-        assert states[:3] == ["waiting", "prefill", "decode"]
+        queue = states[:states.index("prefill")]  # its wait, one bar per reason (test_timeline_reasons.py)
+        assert queue and set(queue) <= set(QUEUE_STATES)
+        assert states[len(queue):len(queue) + 2] == ["prefill", "decode"]
         if rid in preempted:  # it may end in the recompute that sampled its last token
             assert "preempted" in states and states[-1] in ("decode", "prefill")
         else:
-            assert states == ["waiting", "prefill", "decode"]
+            assert states == [*queue, "prefill", "decode"]
     finished = finished_run.requests.set_index("request_id")["finished_s"]
     for rid in by_request:
         last = max(r for q, _, _, r in rows if q == rid)
@@ -180,9 +182,12 @@ def test_the_registry_builds_every_panel_once_in_the_layout_order():
 
     panels = build_panels(LatencyStats(), 10, {"model": "m"})
     names = [p.name for p in panels]
-    assert names == [s.kind.name for s in PANELS] and len(set(names)) == len(names) == 11
-    assert [type(p) for p in panels] == [s.kind for s in PANELS]
-    assert sorted(n for row in ROWS for n in row) == sorted(names)  # the live layout shows each one
+    kinds = [s.kind for s in PANELS if s.when is None]  # a plain run: not the P/D run's own panels
+    assert names == [k.name for k in kinds] and len(set(names)) == len(names) == len(PANELS) - 1
+    assert [type(p) for p in panels] == kinds
+    pd_panels = build_panels(LatencyStats(), 10, {"model": "m", "pd": {}})
+    assert [p.name for p in pd_panels] == [s.kind.name for s in PANELS]
+    assert sorted(n for row in ROWS for n in row) == sorted(p.name for p in pd_panels)  # the live layout shows each
     assert panels[0].meta == {"model": "m"} and panels[1].rollover == 10
 
 
@@ -193,8 +198,8 @@ def _figures(panels) -> list:
 def test_every_legend_sits_below_its_plot_and_hides_on_click(finished_run):
     _, panels = _fill(finished_run)
     with_legend = {f.title.text: f for f in _figures(panels) if f.select(type=Legend)}
-    # memory, occupancy, batch, phases, timeline, drafts, and the two page maps' keys of states
-    assert len(with_legend) == 8, sorted(with_legend)
+    # memory, occupancy, batch, phases, timeline, drafts, slow steps, and the two page maps' keys of states
+    assert len(with_legend) == 9, sorted(with_legend)
     for title, fig in with_legend.items():
         (legend,) = fig.select(type=Legend)
         assert legend in fig.below and legend not in fig.center, title  # never over the data
@@ -203,7 +208,7 @@ def test_every_legend_sits_below_its_plot_and_hides_on_click(finished_run):
         assert all(item.renderers for item in legend.items), title
     timeline = panels["timeline"].figure
     (legend,) = timeline.select(type=Legend)
-    assert [item.label.value for item in legend.items] == ["waiting", "prefill", "decode", "preempted"]
+    assert [item.label.value for item in legend.items] == [label for label, _ in STATES.values()]
     data = panels["timeline"].source.data
     shown = sorted(i for item in legend.items for r in item.renderers
                    for i, state in enumerate(data["state"]) if state == r.view.filter.group)

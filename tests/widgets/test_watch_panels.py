@@ -142,8 +142,8 @@ def test_watch_report_and_dashboard_of_a_plugin_run(tmp_path):
     page = path.read_text()
     assert "kvscope watch" in page and "unknowable from outside" in page
     dash = WatchDashboard(meta=f.meta, headless=True)
-    assert [p.name for p in dash.panels] == ["watch_kpi", "fleet", "prefix_tree", "watch_latency", "batch",
-                                             "timeline"]
+    assert [p.name for p in dash.panels] == ["watch_kpi", "fleet", "kv_transfer", "prefix_tree", "watch_latency",
+                                             "batch", "timeline"]
     dash.tick()  # no new records: the watch panels still update
     assert dash.panel["watch_kpi"].values["blocks_cached"] == 1
     assert dash.status_parts() == ["saved watch"]

@@ -58,8 +58,8 @@ def table_html(watch: dict) -> str:
     """One row per engine: state, queue, KV usage, totals, prefix hit rate, cached blocks."""
     engines, lanes, totals = watch.get("engines", {}), watch.get("lanes", {}), watch.get("totals", {})
     residency = watch.get("residency", {})
-    head = ("engine", "state", "running / waiting", "KV usage", "prompt / generation tokens", "prefix hits",
-            "blocks cached")
+    head = ("engine", "KV role", "state", "running / waiting", "KV usage", "prompt / generation tokens",
+            "prefix hits", "blocks cached")
     rows = []
     for key, info in list(engines.items()):
         lane, t, res = lanes.get(key, {}), totals.get(key, {}), residency.get(key, {})
@@ -74,6 +74,7 @@ def table_html(watch: dict) -> str:
         q, h = t.get("prefix_queries", 0), t.get("prefix_hits", 0)
         cells = (
             html.escape(str(key)),
+            html.escape(str(info.get("kv_role") or "–")),  # inferred (kvscope/watch/kv_transfer.py)
             f"<span style='color:{colour}'>{html.escape(str(state))}</span>",
             f"{last('running') if last('running') is not None else '–'} / "
             f"{last('waiting') if last('waiting') is not None else '–'}",

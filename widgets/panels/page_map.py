@@ -179,6 +179,20 @@ class PageMapPanel(Panel):
         self.figure.x_range.update(start=-0.5, end=self.cols - 0.5)
         self.figure.y_range.update(start=rows - 0.5, end=-0.5)  # block 0 at the top left
 
+    def grid(self, num_blocks: int, block_size: int) -> None:
+        """Lay out an empty grid for a pool (a panel drawn from whole maps, not from steps: ``cells_of``)."""
+        self._build_grid(num_blocks, block_size)
+
+    def cells_of(self, entries: Sequence[PageEntry]) -> dict[str, list]:
+        """The grid's columns showing the whole map ``entries`` (``entries`` becomes the shown map)."""
+        self.entries = list(entries)
+        return columns([self._cell(c) for c in range(self.num_cells)])
+
+    def xy_of(self, block: int) -> tuple[int, int]:
+        """The grid position of the cell that draws ``block``."""
+        cell = block // self.group
+        return cell % self.cols, cell // self.cols
+
     def _cell(self, cell: int) -> dict:
         g = self.group
         first, last = cell * g, min((cell + 1) * g, len(self.entries)) - 1

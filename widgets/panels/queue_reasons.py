@@ -14,22 +14,14 @@ import html
 from bokeh.layouts import column
 from bokeh.models import Div, FactorRange
 
-from kvscope.explain.waits import UNKNOWN, queue_times, queue_totals
-from kvscope.telemetry.records import WAIT_REASONS
+from kvscope.explain.waits import queue_times, queue_totals
 
 from ..feed import Tick
 from ..theme import AMOUNT, FULL_WIDTH, add_hover, empty_source, format_axis, new_figure
 from .prefix_misses import PrefixMissesPanel
+from .wait_styles import QUEUE_COLORS, REASONS
 
-REASONS = (*WAIT_REASONS, UNKNOWN)
-COLORS = {
-    "token_budget": "#1f77b4",
-    "max_num_seqs": "#ff7f0e",
-    "no_free_blocks": "#d62728",
-    "preempted": "#9467bd",
-    "step_in_progress": "#c7c7c7",
-    UNKNOWN: "#7f7f7f",
-}
+COLORS = QUEUE_COLORS  # the timeline colours its queue segments alike
 
 
 class QueueReasonsPanel(PrefixMissesPanel):
@@ -51,6 +43,7 @@ class QueueReasonsPanel(PrefixMissesPanel):
             fig,
             [("reason", "@reason"), ("seconds", "@seconds{0.000}"), ("share of queue time", "@share{0%}")],
         )
+        fig.name = "queue-reasons"
         self.figure = fig
         self.div = Div(text="", width=FULL_WIDTH)
         self.model = column(self.div, fig, visible=False)

@@ -23,15 +23,19 @@ from .base import DEFAULT_ROLLOVER, Panel, PanelContext
 from .batch import BatchPanel
 from .fleet import FleetPanel
 from .kpi import KpiPanel
+from .kv_transfer import KvTransferPanel
 from .latency import LatencyPanel
 from .memory import MemoryPanel
 from .occupancy import OccupancyPanel
 from .page_map import PageMapPanel
+from .pd_page_maps import PDPageMapsPanel
+from .pd_timeline import timeline_part
 from .prefix_misses import PrefixMissesPanel, if_drawn
 from .prefix_tree import PrefixTreePanel
 from .queue_reasons import QueueReasonsPanel
 from .replay import draft_page_map_with_replay, page_map_with_replay
 from .report_parts import ReportContext, ReportPart, if_speculative, shown
+from .slow_steps import SlowStepsPanel
 from .speculation import DraftPageMapPanel, SpeculationPanel
 from .timeline import TimelinePanel
 from .watch_kpi import WatchKpiPanel
@@ -52,6 +56,11 @@ class PanelSpec:
         return self.kind.name
 
 
+def is_pd(meta: dict) -> bool:
+    """A prefill/decode disaggregated run (``meta["pd"]``)."""
+    return isinstance(meta.get("pd"), dict)
+
+
 def with_plugin(meta: dict) -> bool:
     """A watch with vLLM's own steps (the kvscope plugin in the server)."""
     watch = meta.get("watch") if isinstance(meta.get("watch"), dict) else {}
@@ -65,11 +74,16 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(OccupancyPanel, row=2),  # KV occupancy and fragmentation vs. a static max-length reservation
     PanelSpec(BatchPanel, row=2),  # prefill vs decode tokens per step, running/waiting requests
     PanelSpec(LatencyPanel, row=3),  # per-step time by phase; TTFT and ITL histograms
-    PanelSpec(TimelinePanel, row=4),  # one lane per request: waiting/prefill/decode/preempted
+    # one lane per request: queue (by reason) / prefill / decode / preempted; a P/D run's lanes above it
+    PanelSpec(TimelinePanel, row=4, report=timeline_part),
     # prompt tokens hit / missed by cause / not reusable (kvscope.explain; hidden without recorded prompts)
     PanelSpec(PrefixMissesPanel, row=7, report=if_drawn),
     # queue seconds by why requests were not admitted (kvscope.explain.waits; hidden until a step says why)
     PanelSpec(QueueReasonsPanel, row=8, report=if_drawn),
+    # steps far above the run's own step model, and the --capture-slow windows they opened (hidden until one is)
+    PanelSpec(SlowStepsPanel, row=9, report=if_drawn),
+    # a P/D run's instances' page maps side by side, blocks in flight marked (its meta's; hidden until the end)
+    PanelSpec(PDPageMapsPanel, row=10, report=if_drawn, when=is_pd),
     # drafted / accepted / rejected per step, acceptance by draft position (hidden live if the run doesn't
     # speculate), and the draft model's own KV pool (hidden without a draft model)
     PanelSpec(SpeculationPanel, row=5, report=if_speculative),
@@ -79,10 +93,12 @@ PANELS: tuple[PanelSpec, ...] = (
 WATCH_PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(WatchKpiPanel, row=0),
     PanelSpec(FleetPanel, row=1),  # one lane per engine, plus the fleet
-    PanelSpec(PrefixTreePanel, row=2),
-    PanelSpec(WatchLatencyPanel, row=3),
-    PanelSpec(BatchPanel, row=4, when=with_plugin),
-    PanelSpec(TimelinePanel, row=5, when=with_plugin),
+    # KV connectors per engine: NIXL transfers, offloading, role, blocks by medium (hidden without any)
+    PanelSpec(KvTransferPanel, row=2, report=if_drawn),
+    PanelSpec(PrefixTreePanel, row=3),
+    PanelSpec(WatchLatencyPanel, row=4),
+    PanelSpec(BatchPanel, row=5, when=with_plugin),
+    PanelSpec(TimelinePanel, row=6, when=with_plugin),
 )
 
 

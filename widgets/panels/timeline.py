@@ -1,9 +1,15 @@
 """Request timeline: one lane per request, one bar per stretch of time in one state.
 
-States: waiting (queued, not yet scheduled), prefill (prompt chunks, or a recompute after a
-preemption), decode (one token per step), preempted (evicted, waiting to be recomputed). A request
-enters prefill when ``scheduled`` / ``resumed``, decode at the first step that decodes it, preempted
-at ``preempted``, and its last bar ends at ``finished``.
+States: a queue segment per reason the request waited (queued, not yet scheduled), prefill (prompt
+chunks, or a recompute after a preemption), decode (one token per step), preempted (evicted, waiting to be
+recomputed). A request enters prefill when ``scheduled`` / ``resumed``, decode at the first step that
+decodes it, preempted at ``preempted``, and its last bar ends at ``finished``.
+
+Queue segments split the wait as ``kvscope.explain.waits`` does (the queue-reasons panel's totals are the
+sums of these bars): from ``queued`` to the first step that starts after it, "step_in_progress"; from each
+later step's start, that step's ``wait_reason`` ("unknown" where a step recorded none); and the admitting
+step's own schedule, from its start to ``scheduled``, "step_in_progress" again. Records arrive at their end,
+after the events inside them, so that last split is made when the admitting step's record comes.
 
 Each state is its own renderer over the one source (a ``GroupFilter`` on ``state``), so the legend
 below the plot names the states and a click on one hides its bars.
@@ -16,7 +22,16 @@ from __future__ import annotations
 
 from bokeh.models import CDSView, ColumnDataSource, GroupFilter
 
-from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.explain.waits import UNKNOWN
+from kvscope.telemetry.records import (
+    WAIT_MAX_NUM_SEQS,
+    WAIT_NO_FREE_BLOCKS,
+    WAIT_PREEMPTED,
+    WAIT_STEP_IN_PROGRESS,
+    WAIT_TOKEN_BUDGET,
+    RequestEvent,
+    StepRecord,
+)
 
 from ..feed import Tick
 from ..theme import (
@@ -32,10 +47,20 @@ from ..theme import (
     style_legend,
 )
 from .base import Panel, PanelContext
+from .wait_styles import QUEUE_COLORS, QUEUE_LABELS
 
 COLUMNS = ("lane", "left", "right", "state", "request")
+QUEUE_STATES = (WAIT_STEP_IN_PROGRESS, WAIT_TOKEN_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCKS, UNKNOWN)
+# state -> (legend label, colour), in the legend's order
+STATES = {
+    **{s: (QUEUE_LABELS[s], QUEUE_COLORS[s]) for s in QUEUE_STATES},
+    "prefill": ("prefill", STATE_COLORS["prefill"]),
+    "decode": ("decode", STATE_COLORS["decode"]),
+    "preempted": (QUEUE_LABELS[WAIT_PREEMPTED], STATE_COLORS["preempted"]),
+}
 EVENT_STATES = {
-    "queued": "waiting", "scheduled": "prefill", "first_token": "decode", "resumed": "prefill", "preempted": "preempted",
+    "queued": WAIT_STEP_IN_PROGRESS, "scheduled": "prefill", "first_token": "decode", "resumed": "prefill",
+    "preempted": "preempted",
 }
 
 
@@ -52,18 +77,20 @@ class TimelinePanel(Panel):
         self.rollover = rollover
         self.meta = meta if meta is not None else {}  # its "t0_ns", once known, is time zero
         self.source: ColumnDataSource = empty_source(*COLUMNS)
+        self.source.name = "request-timeline-bars"  # names a test or a screenshot finds it by
         fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
                          x_axis_label="seconds since start", y_axis_label="request")
         fig.y_range.flipped = True
         format_axis(fig.xaxis[0], AMOUNT)  # seconds: 0.00005 apart in a tiny run, 5 in a long one
         format_axis(fig.yaxis[0], COUNT)  # lanes
         bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=self.source,
-                         view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=state)
-                for state, color in STATE_COLORS.items()]
+                         view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=label)
+                for state, (label, color) in STATES.items()]
         add_hover(fig, [("request", "@request"), ("state", "@state"),
                         ("from", "@left{0.000} s"), ("to", "@right{0.000} s")],
                   renderers=bars)
-        style_legend(fig, ncols=len(STATE_COLORS))
+        style_legend(fig, ncols=4)
+        fig.name = "request-timeline"
         self.figure = fig
         self.model = fig
         self.t0_ns: int | None = None
@@ -73,6 +100,11 @@ class TimelinePanel(Panel):
         self._rows_sent = 0  # rows streamed so far (including rolled-over ones)
         self._pending: list[dict] = []  # rows created this tick, streamed at its end
         self._patches: dict[int, float] = {}  # row -> new right edge, for rows already sent
+        self._since: dict[str, int] = {}  # waiting (not after a preemption) -> queued at (ns)
+        self._fresh: dict[str, int] = {}  # of those, the ones no step has given a reason yet
+        self._reason: str | None = None  # the reason of the last step: every older waiting request's bar is in it
+        # admitted, the admitting step's record not seen yet -> (its last queue bar's row, lane, step, t scheduled)
+        self._admitted: dict[str, tuple[int, int, int, float]] = {}
 
     @property
     def num_active(self) -> int:
@@ -103,19 +135,53 @@ class TimelinePanel(Panel):
         if rid not in self._lanes:
             self._lanes[rid] = self._next_lane
             self._next_lane += 1
+        self._open[rid] = (self._add_bar(self._lanes[rid], t, t, state, rid), state)
+
+    def _add_bar(self, lane: int, left: float, right: float, state: str, rid: str) -> int:
         row = self._rows_sent + len(self._pending)
-        self._pending.append({"lane": self._lanes[rid], "left": t, "right": t, "state": state, "request": rid})
-        self._open[rid] = (row, state)
+        self._pending.append({"lane": lane, "left": left, "right": right, "state": state, "request": rid})
+        return row
 
     def _event(self, event: RequestEvent) -> None:
-        t = self._t(event.t_ns)
+        t, rid = self._t(event.t_ns), event.request_id
+        if event.kind == "queued":
+            self._since[rid] = self._fresh[rid] = event.t_ns
+        elif event.kind == "scheduled" and rid in self._since:
+            del self._since[rid]
+            self._fresh.pop(rid, None)
+            row, state = self._open.get(rid, (-1, ""))
+            if state in QUEUE_STATES and state != WAIT_STEP_IN_PROGRESS:
+                self._admitted[rid] = (row, self._lanes[rid], event.step, t)
         if event.kind == "finished":
-            self._switch(event.request_id, None, t)
-        elif event.kind in EVENT_STATES and (event.kind == "queued" or event.request_id in self._open):
-            self._switch(event.request_id, EVENT_STATES[event.kind], t)
+            self._since.pop(rid, None)
+            self._fresh.pop(rid, None)
+            self._switch(rid, None, t)
+        elif event.kind in EVENT_STATES and (event.kind == "queued" or rid in self._open):
+            self._switch(rid, EVENT_STATES[event.kind], t)
+
+    def _queue_reasons(self, record: StepRecord, t: float) -> None:
+        """A step started: the admitting step's schedule of requests it admitted is "step_in_progress"; every
+        request still waiting since before the step's start waits, from there, for the step's reason."""
+        for rid, (row, lane, step, t_scheduled) in list(self._admitted.items()):
+            if step > record.step:
+                continue
+            del self._admitted[rid]
+            if step == record.step and self.source_left(row) <= t < t_scheduled:
+                self._set_right(row, t)
+                self._add_bar(lane, t, t_scheduled, WAIT_STEP_IN_PROGRESS, rid)
+        reason = record.wait_reason or UNKNOWN
+        # only the requests whose bar changes: all older ones when the reason changed, else the fresh ones
+        waiting = self._since if reason != self._reason else self._fresh
+        self._reason = reason
+        for rid in [r for r, since in waiting.items() if since <= record.t_start_ns]:
+            self._fresh.pop(rid, None)
+            if self._open.get(rid, (0, ""))[1] in QUEUE_STATES:
+                self._switch(rid, reason, t)
 
     def _step(self, record: StepRecord) -> None:
         t = self._t(record.t_start_ns)
+        if record.t_end_ns > record.t_start_ns or record.scheduled:  # a step, not a state record (as waits.py)
+            self._queue_reasons(record, t)
         for item in record.scheduled:
             open_bar = self._open.get(item.request_id)
             if item.kind == "decode" and open_bar is not None and open_bar[1] != "decode":

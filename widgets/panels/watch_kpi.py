@@ -75,6 +75,8 @@ class WatchKpiPanel(Panel):
             ("ITL p50 / p99 (est., buckets)", f"{ms('itl_p50')} / {ms('itl_p99')}"),
             ("blocks cached / ever stored", f"{num('blocks_cached')} / {num('blocks_stored')}"),
         ]
+        if v["kv_transfers"] is not None:  # a KV connector (NIXL): transfers and MB/s since the watch began
+            tiles.append(("KV transfers / MB/s", f"{num('kv_transfers')} / {num('kv_transfer_mb_per_s', '{:,.1f}')}"))
         watch = self.meta.get("watch") if isinstance(self.meta.get("watch"), dict) else {}
         model = watch.get("model") or self.meta.get("model")
         if model:

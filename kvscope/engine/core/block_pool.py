@@ -209,12 +209,14 @@ class BlockPool:
                 self._emit(BLOCK_RELEASED, block.block_id)
 
     # ---- prefix cache ----------------------------------------------------------------------------
-    def hash_blocks(self, token_ids: list[int], start: list[BlockHash]) -> list[BlockHash]:
-        """Extend the chain ``start`` (hashes of the first full blocks) over all full blocks of ``token_ids``."""
+    def hash_blocks(self, token_ids: list[int], start: list[BlockHash], num_tokens: int | None = None) -> list[BlockHash]:
+        """Extend the chain ``start`` (hashes of the first full blocks) over all full blocks of ``token_ids``
+        (of its first ``num_tokens``, if given: no copy of a long sequence to hash its new block)."""
         bs = self.block_size
         chain = start
         parent = chain[-1].value if chain else ROOT_HASH
-        for i in range(len(chain), len(token_ids) // bs):
+        n = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
+        for i in range(len(chain), n // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = self.hash_fn(parent, tokens)
             chain.append(BlockHash(parent, tokens))

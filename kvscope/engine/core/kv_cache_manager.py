@@ -55,6 +55,7 @@ class KVCacheManager:
         self.kv_config = kv_config or single_group(1)
         self.windows = [g.sliding_window for g in self.kv_config.groups]
         self.num_groups = len(self.windows)
+        self._one_full_group = self.num_groups == 1 and not self.windows[0]  # allocate_slots's fast path
         self.max_num_batched_tokens = max_num_batched_tokens
         self._num_offered: dict[str, int] = {}  # request id -> full blocks already offered to the cache
         # request id -> per group, the last block offered and its epoch (its next block's parent);
@@ -132,10 +133,32 @@ class KVCacheManager:
 
         First gives back the blocks that left a sliding window (always safe). Returns False, changing
         nothing else, when the pool has too few free blocks.
+
+        The engine's hottest call (once per running request per step): the path of a running request of a
+        one-group, full-attention model (no hits, nothing leaves a window) is written out here, with the
+        same outcome as the general ``_allocate``; most decodes need no new block and fill no block, so
+        both are checked before any call.
         """
+        if hits is not None or not self._one_full_group:
+            return self._allocate(request, num_new_tokens, hits)
+        table, pool, bs = request.block_ids, self.pool, self.block_size
+        num_total = request.num_computed_tokens + num_new_tokens
+        need = -(-num_total // bs) - len(table)
+        if need > 0 and need > pool.num_free_blocks:
+            return False
+        if request.num_computed_tokens == 0 and pool.enable_caching:  # as _allocate counts
+            pool.prefix_cache_queries += request.num_tokens
+        if need > 0:
+            table.extend(b.block_id for b in pool.allocate(need, 0))
+        if pool.enable_caching:
+            num_tokens = min(num_total, len(request.all_token_ids))
+            if num_tokens // bs > self._num_offered.get(request.request_id, 0):  # a block became full
+                self._offer_full_blocks(request, num_tokens)
+        return True
+
+    def _allocate(self, request: Request, num_new_tokens: int, hits: KVCacheBlocks | list[KVBlock] | None) -> bool:
+        """``allocate_slots`` in general: any groups, windows and prefix-cache hits."""
         bs = self.block_size
-        if hits is None and self.num_groups == 1 and not self.windows[0]:
-            return self._extend(request, num_new_tokens)
         if not isinstance(hits, KVCacheBlocks):  # a plain list: group 0's hits (one group)
             hits = KVCacheBlocks([list(hits or [])], len(hits or []))
         tables = self.tables(request)
@@ -163,29 +186,13 @@ class KVCacheManager:
             self._offer_full_blocks(request, min(num_total, request.num_tokens))
         return True
 
-    def _extend(self, request: Request, num_new_tokens: int) -> bool:
-        """``allocate_slots`` of a running request of a one-group, full-attention model (no hits, nothing
-        leaves a window): the same outcome on the path every decode takes, without the general bookkeeping."""
-        table = request.block_ids
-        num_total = request.num_computed_tokens + num_new_tokens
-        need = -(-num_total // self.block_size) - len(table)
-        if need > self.pool.num_free_blocks:
-            return False
-        if request.num_computed_tokens == 0 and self.pool.enable_caching:  # as allocate_slots counts
-            self.pool.prefix_cache_queries += request.num_tokens
-        if need > 0:
-            table.extend(b.block_id for b in self.pool.allocate(need, 0))
-        if self.pool.enable_caching:
-            self._offer_full_blocks(request, min(num_total, request.num_tokens))
-        return True
-
     def _offer_full_blocks(self, request: Request, num_tokens: int) -> None:
         num_full = num_tokens // self.block_size
         rid = request.request_id
         start = self._num_offered.get(rid, 0)
         if num_full <= start:
             return
-        hashes = self.pool.hash_blocks(request.all_token_ids[:num_tokens], request.block_hashes)
+        hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes, num_tokens)
         blocks = self.pool.blocks
         parents = self._parents.get(rid) or [None] * self.num_groups
         for g, table in enumerate(self.tables(request)):

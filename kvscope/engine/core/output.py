@@ -37,12 +37,11 @@ class SchedulerOutput:
         """The scheduled requests, their new tokens and their computed tokens, in the order a worker packs
         them: decodes first, shortest context first (the torch path buckets them by length), then prefills.
         The tokens a step samples come back to ``update_from_output`` in this order, for any worker."""
-        order = sorted(
-            range(len(self.requests)),
-            key=lambda i: (0, self.requests[i].num_computed_tokens) if self.num_tokens[i] == 1 else (1, 0),
-        )
-        requests = [self.requests[i] for i in order]
-        return requests, [self.num_tokens[i] for i in order], [r.num_computed_tokens for r in requests]
+        scheduled, num_tokens = self.requests, self.num_tokens
+        decodes = sorted([(scheduled[i].num_computed_tokens, i) for i, n in enumerate(num_tokens) if n == 1])
+        order = [i for _, i in decodes] + [i for i, n in enumerate(num_tokens) if n != 1]  # ties: schedule order
+        requests = [scheduled[i] for i in order]
+        return requests, [num_tokens[i] for i in order], [r.num_computed_tokens for r in requests]
 
 
 @dataclass(slots=True)
