@@ -121,12 +121,14 @@ def _signal_group(pgid: int, sig: int) -> None:
 def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plugin: bool = True,
                num_gpu_blocks: int | None = None, max_model_len: int = 512, eager: bool = True,
                extra_args: tuple[str, ...] = (), python: str | os.PathLike | None = None,
-               startup_timeout_s: float = 600, env: dict[str, str] | None = None) -> VllmServer:
+               startup_timeout_s: float = 600, env: dict[str, str] | None = None,
+               port_retries: int = 2) -> VllmServer:
     """Start vLLM's OpenAI server on ``model_dir`` (block size 32, prefix caching and KV events on, fp32,
     1 GiB KV space unless ``num_gpu_blocks`` overrides it) and wait for ``/health``. ``eager``: skip the
     model's compilation (a minute more at start); ``workdir`` gets the log and the plugin's JSONL; ``env``: more
     environment (e.g. ``VLLM_NIXL_SIDE_CHANNEL_PORT``). Raises ``RuntimeError`` with the log's end if it does
-    not come up."""
+    not come up; a port another process took between ``free_port`` and vLLM's bind ("Address already in use")
+    is retried on new ports, ``port_retries`` times."""
     python = Path(python) if python else vllm_python()
     if python is None:
         raise RuntimeError(f"no vLLM {VLLM_VERSION} virtualenv: run {REPO / PREPARE}")
@@ -169,7 +171,12 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
             pass
         if not server.alive() or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"vLLM did not come up ({' '.join(cmd)}):\n{server.log_tail()}")
+            tail = server.log_tail()
+            if port_retries > 0 and "Address already in use" in server.log_tail(1 << 20):  # a free port taken before vLLM bound it
+                return start_vllm(model_dir, workdir, plugin=plugin, num_gpu_blocks=num_gpu_blocks,
+                                  max_model_len=max_model_len, eager=eager, extra_args=extra_args, python=python,
+                                  startup_timeout_s=startup_timeout_s, env=extra_env, port_retries=port_retries - 1)
+            raise RuntimeError(f"vLLM did not come up ({' '.join(cmd)}):\n{tail}")
         time.sleep(1.0)
 
 

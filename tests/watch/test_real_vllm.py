@@ -240,3 +240,29 @@ def test_killing_the_server_mid_watch_leaves_valid_files_and_an_error_state(stor
         assert loaded["prompt_tokens"] == final["prompt_tokens"], kind
         assert loaded["kv_blocks_stored"] == final["kv_blocks_stored"], kind
     assert story.files["html"].stat().st_size > 10_000
+
+
+def test_a_port_taken_before_vllm_binds_it_is_retried(vllm_py, tiny_llama, tmp_path, monkeypatch):
+    """``free_port`` closes the port it found; another process may take it before vLLM binds it (CI saw the
+    replay endpoint's port taken: "Address already in use"). The start is retried on new ports."""
+    import socket
+
+    from kvscope.watch import vllm_demo
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real = vllm_demo.free_port
+    ports = iter([real(), real(), busy])  # the HTTP port, the events port, then the replay port: taken
+    handed = []
+    monkeypatch.setattr(vllm_demo, "free_port", lambda: handed.append(next(ports, None) or real()) or handed[-1])
+    try:
+        server = vllm_demo.start_vllm(tiny_llama, tmp_path, python=vllm_py, plugin=False, num_gpu_blocks=64)
+        try:
+            assert len(handed) == 6, handed  # a first start that failed on the taken port, then a second
+            assert server.alive() and server.replay == f"tcp://127.0.0.1:{handed[5]}" != f"tcp://127.0.0.1:{busy}"
+        finally:
+            server.stop()
+    finally:
+        taken.close()
