@@ -82,7 +82,7 @@ def speed(n: int, rate: float) -> None:
                        kv_cache_memory=60 << 30)
     engine = simulated_engine(shape, cfg, model)
     items = with_arrivals(iter_synthetic_workload(n, (64, 512), (32, 256), vocab_size=32000, seed=0), rate)
-    live = LiveRun(engine, items, dashboard=False, keep_outputs=False)
+    live = LiveRun(engine, items, dashboard=False, keep_outputs=False, total_requests=n)
     t0, cpu0 = time.perf_counter(), time.process_time()
     live.start().wait()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # CPU time: steady on a shared machine

@@ -30,8 +30,9 @@ from kvscope.engine.request import (
 from kvscope.engine.source import EngineSource, StepClock, make_recorder, run_metadata
 from kvscope.engine.validation import prompt_ids, resolve_device
 from kvscope.engine.worker.model_input import ModelInput
+from kvscope.telemetry.phase_marks import NULL_MARKS, PhaseMarks
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import NULL_MARKS, PhaseMarks, StepRecord
+from kvscope.telemetry.records import StepRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from kvscope.engine.source import wrap_backend
-from kvscope.telemetry.records import NULL_MARKS, PhaseMarks
+from kvscope.telemetry.phase_marks import NULL_MARKS, PhaseMarks
 
 
 class ProfilingMixin:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kvscope.engine.batch import batch_summary, light_batch
 from kvscope.engine.config import EngineConfig, ModelSpec
 from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
@@ -26,13 +27,10 @@ from kvscope.engine.request import Request, RequestStatus
 from kvscope.engine.spec_decode import Speculator
 from kvscope.engine.worker.model_runner import ModelRunner
 from kvscope.telemetry.memory import MemoryProbe
+from kvscope.telemetry.phase_marks import PhaseMarks
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import (
     BatchSummary,
-    PhaseMarks,
-    RequestProgress,
-    ScheduledItem,
-    SpecDecodeStats,
     StepRecord,
     StepTimings,
 )
@@ -133,7 +131,8 @@ class EngineSource:
         if self.speculator is not None:
             spec = self.speculator.stats(sched.scheduled_spec_decode_tokens, sched.requests, accepted,
                                          update.spec_freed if update is not None else {}, self.block_size)
-        batch = batch_summary(self.step_index, sched, sampled, num_finished, accepted, spec)
+        make = batch_summary if self.recorder.detail else light_batch  # light: a step the window will not keep
+        batch = make(self.step_index, sched, sampled, num_finished, accepted, spec)
         gc_total = GC_TIMER.total_ns
         batch.wait_reason, batch.gc_ns, self._gc_seen = self.scheduler.wait_reason, gc_total - self._gc_seen, gc_total
         return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
@@ -150,49 +149,6 @@ class EngineSource:
         record = self.recorder.record_step(BatchSummary(self.step_index, spec_decode=spec), timings, stats)
         self.step_index += 1  # a recorded step: keep step indices unique
         return record
-
-
-def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
-                  accepted: dict[str, list[int]] | None = None, spec: SpecDecodeStats | None = None) -> BatchSummary:
-    """The step's batch as telemetry sees it, read after ``Scheduler.update_from_output``
-    (``accepted``: ``SchedulerUpdate.spec_accepted``; ``spec``: the step's ``Speculator.stats``)."""
-    sampled_ids = {id(r) for r in sampled}
-    requests = sched.requests
-    # one item per scheduled request per step: built by comprehensions, the rare cases patched after
-    scheduled = [ScheduledItem(r.request_id, "decode" if is_decode else "prefill", n, r.num_computed_tokens,
-                               id(r) in sampled_ids)
-                 for r, n, is_decode in zip(requests, sched.num_tokens, sched.is_decode)]
-    tables = [r.block_ids for r in requests]
-    drafts = sched.scheduled_spec_decode_tokens
-    if drafts:
-        for item in scheduled:
-            if item.request_id in drafts:
-                item.num_draft_tokens = len(drafts[item.request_id])
-                item.num_accepted_tokens = len(accepted.get(item.request_id, ())) if accepted else 0
-    if any(r.extra_block_ids for r in requests):  # a hybrid model: its groups' tables, interleaved (ScheduledItem)
-        for i, r in enumerate(requests):
-            if r.extra_block_ids:
-                scheduled[i].num_kv_groups = 1 + len(r.extra_block_ids)
-                tables[i] = _interleave(r.block_tables) if r.block_ids else []
-    admitted = []
-    if sched.admitted:
-        new_tokens = {id(r): n for r, n in zip(sched.requests, sched.num_tokens)}
-        admitted = [
-            RequestProgress(
-                r.request_id,
-                r.num_prompt_tokens,
-                r.num_output_tokens - (id(r) in sampled_ids),
-                r.num_computed_tokens - new_tokens.get(id(r), 0),
-            )
-            for r in sched.admitted
-        ]
-    preempted = [RequestProgress(r.request_id, r.num_prompt_tokens, r.num_output_tokens) for r in sched.preempted]
-    return BatchSummary(step, scheduled, tables, admitted, preempted, num_finished, spec)
-
-
-def _interleave(tables: list[list[int]]) -> list[int]:
-    """Entry ``j * G + g`` = block ``j`` of group ``g`` (every group's table has the same length)."""
-    return [b for column in zip(*tables) for b in column]
 
 
 def wrap_backend(runner: ModelRunner, wrap: Callable[[str, Callable], Callable]) -> Callable[[], None]:

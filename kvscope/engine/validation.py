@@ -102,7 +102,7 @@ def token_ids(value: Any, name: str = "the prompt", *, text_ok: bool = True, set
         raise TypeError(f"{label} must be {takes} (a list of ints, or a 1-D integer array), "
                         f"not {_type(value)}{hint}")
     ids = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    if all(type(t) is int for t in ids):  # the common case
+    if set(map(type, ids)) <= {int}:  # the common case, all exact ints (checked in C: twice the genexpr's speed)
         return ids
     out = []
     for i, t in enumerate(ids):
@@ -128,7 +128,7 @@ def prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int, max_model_len: int)
         ids = token_ids(prompt)
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")
-    if vocab_size and not all(0 <= t < vocab_size for t in ids):
+    if vocab_size and not (min(ids) >= 0 and max(ids) < vocab_size):  # ints by now: min/max run in C
         raise ValueError(f"the prompt has token ids outside the vocabulary [0, {vocab_size})")
     if len(ids) >= max_model_len:
         raise ValueError(

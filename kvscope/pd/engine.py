@@ -164,11 +164,12 @@ class PDEngine(Router):
         if req is None:
             return False
         self.settle()
+        held = all(r is not req for r in self.handovers)  # one waiting for its hand-over gave its producer's load back (_route)
         self.handovers = [r for r in self.handovers if r is not req]
         for queued in self.inbox.values():
             queued[:] = [q for q in queued if q[2] != request_id]
         where = self.instances[req.decode or req.prefill]
-        if where.alive and req.request_id in self.requests:
+        if where.alive and req.request_id in self.requests and held:
             where.call("abort", request_id)
             self.load[where.name] -= 1
         self._fail(req, "aborted", reason="abort")

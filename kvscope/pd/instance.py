@@ -24,6 +24,7 @@ import torch
 from kvscope.engine.core.block_pool import KVBlock
 from kvscope.engine.engine import Engine
 from kvscope.engine.request import SamplingParams
+from kvscope.pd.blocks import attach, prompt_prefix
 from kvscope.pd.config import KVTransferConfig
 from kvscope.pd.connector import Connector, TransferError, TransferHandle, kv_tensors
 
@@ -121,18 +122,13 @@ class InstanceServer:
             self.pool.free(reversed(blocks))
 
     # ---- the connector -----------------------------------------------------------------------------
-    def _prefix(self, prompt_ids: list[int]) -> tuple[list, list[KVBlock]]:
-        hashes = self.pool.hash_blocks(list(prompt_ids), [])
-        n = (len(prompt_ids) - 1) // self.pool.block_size  # the last token is always recomputed
-        return hashes[:n], self.pool.find_cached_prefix(hashes[:n]) if n else []
-
     def lookup(self, prompt_ids: list[int]) -> dict[str, int]:
-        hashes, held = self._prefix(prompt_ids)
+        hashes, held = prompt_prefix(self.pool, prompt_ids)
         return {"held": len(held), "full": len(hashes)}
 
     def export(self, prompt_ids: list[int], start: int, address: str | None) -> dict[str, Any]:
         t0 = time.perf_counter_ns()
-        _hashes, chain = self._prefix(prompt_ids)
+        _hashes, chain = prompt_prefix(self.pool, prompt_ids)
         blocks = chain[start:]  # blocks past the cached chain were evicted: the consumer recomputes them
         handle = self.connector.send(self.tensors, [b.block_id for b in blocks], address)
         return {"handle": handle, "num_blocks": len(blocks), "start_ns": t0, "sent_ns": time.perf_counter_ns(),
@@ -144,7 +140,7 @@ class InstanceServer:
             os._exit(3)
         if self.fault == "refuse":
             raise TransferError(f"{self.name} refuses KV transfers (fault injected)")
-        hashes, chain = self._prefix(prompt_ids)
+        hashes, chain = prompt_prefix(self.pool, prompt_ids)
         if len(chain) < start:  # blocks it held were evicted since the lookup: those arriving cannot attach
             start_ok, num_blocks = len(chain), 0
         else:
@@ -152,10 +148,7 @@ class InstanceServer:
         new = self._receive(handle, num_blocks) if num_blocks else []
         if num_blocks == 0:
             self._drain(handle)
-        parent = chain[start_ok - 1] if start_ok else None
-        for block, h in zip(new, hashes[start_ok: start_ok + len(new)]):
-            self.pool.cache_block(block, h, parent)
-            parent = block
+        attach(self.pool, hashes, chain[:start_ok], new)
         self.pool.touch(chain[:start_ok])
         self.pins[request_id] = chain[:start_ok] + new  # held until the scheduler admits the request
         request = self.engine.make_request(list(prompt_ids), params, request_id)

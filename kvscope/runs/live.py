@@ -2,18 +2,16 @@
 
 Threads (the control, ``wait`` and Ctrl-C are ``kvscope.runs.lifecycle.Lifecycle``'s):
 
-- the **engine thread** (``kvscope-run``) is the only one that touches the engine: it builds it
-  (loading a model can take seconds), submits the workload, calls ``engine.step()`` until nothing is
-  left, honours stop / pause between steps, and at the end writes the requested files. It is also
-  the only writer of ``status``;
+- the **engine thread** (``kvscope-run``) is the only one that touches the engine: it builds it (loading a model
+  can take seconds), submits the workload, calls ``engine.step()`` until nothing is left, honours stop / pause
+  between steps, and at the end writes the requested files. It is also the only writer of ``status``;
 - the **dashboard thread** (``kvscope-dashboard``, see ``widgets/dashboard.py``) is the only one
   that touches the Bokeh documents; it reads what the recorder published through a ``Feed``;
 - the **caller** (the notebook's main thread) only sets flags (``stop``, ``pause``, ``resume``) and
   reads results; ``wait`` blocks it until the run is over.
 
-``run`` is the ``Run`` so far: while the engine steps, a new ``Run`` over copies of what has been
-recorded whenever more has arrived (a ``Run``'s lists never change under its cached DataFrames);
-once over, the whole run. ``steps``, ``requests``, ``summary()``, ``save_trace()``, ... read it.
+``run`` is the ``Run`` so far (a new one over copies whenever more was recorded: a ``Run``'s lists never change
+under its cached DataFrames), the whole run once over; ``steps``, ``requests``, ``summary()``, ... read it.
 """
 
 from __future__ import annotations
@@ -26,23 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.engine.engine import Engine
-from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import Request, RequestOutput
 from kvscope.runs.recording import Recording
 from kvscope.runs.run import Run, RunBuffer
 from kvscope.runs.status import Outputs, RunStatus, claim_engine, release_engines
 from kvscope.runs.workload import WorkItem
+from kvscope.telemetry.detail import DetailWindow
 from kvscope.telemetry.export import MAX_TEXT
 from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.telemetry.summary_stream import SummaryStream
 from kvscope.utils.collector import fewer_collections
-
-
-def chat_prompt(engine: Engine, item: WorkItem):
-    """The item's prompt, through the model's chat template when it is a chat message and the model has one."""
-    if not item.chat or not getattr(engine.tokenizer, "chat_template", None):
-        return item.prompt
-    return chat_prompt_ids(engine.tokenizer, [{"role": "user", "content": item.prompt}])
 
 
 class LiveRun(Recording):
@@ -73,6 +64,7 @@ class LiveRun(Recording):
         dashboard: bool = True,
         dashboard_options: dict[str, Any] | None = None,
         keep_outputs: bool = True,
+        total_requests: int | None = None,
     ) -> None:
         super().__init__(outputs or Outputs())
         self._make_engine = make_engine
@@ -80,6 +72,8 @@ class LiveRun(Recording):
         lazy = callable(workload) or not isinstance(workload, Sequence)
         self.workload: list[WorkItem] = [] if lazy else list(workload)
         self.keep_outputs = keep_outputs  # False: finished requests are let go (a simulation of 10**6 requests)
+        self.total_requests = total_requests  # a lazy workload's length, if known (a list's is its own)
+        self._detail: DetailWindow | None = None  # which steps get per-request detail (a long simulation)
         self.num_submitted = 0
         self.num_finished = 0  # requests whose "finished" event was recorded
         self._pending: Iterator[WorkItem] = iter(())
@@ -176,6 +170,8 @@ class LiveRun(Recording):
         self._pending = iter(items)
         self._next = next(self._pending, None)
         self._unsubscribe = engine.recorder.subscribe(self._collect)
+        self._detail = DetailWindow.for_run(engine.recorder, self.total_requests or len(self.workload),
+                                            engine.clock.virtual and self.dashboard is None)
         self._t_submit_ns = engine.clock.now_ns()
         self._submit_due(engine)
         self._profiler = self._start_profiler(engine)
@@ -198,7 +194,7 @@ class LiveRun(Recording):
             item, self._next = self._next, next(self._pending, None)
             self.num_submitted += 1
             try:
-                request = engine.make_request(chat_prompt(engine, item), item.params)
+                request = engine.make_request(item.prompt_for(engine.tokenizer), item.params)
             except (TypeError, ValueError) as exc:
                 total = f" of {len(self.workload)}" if self.workload else ""
                 where = item.source or f"request {self.num_submitted}{total}"
@@ -216,6 +212,8 @@ class LiveRun(Recording):
     def _abort_own(self, engine: Engine) -> None:
         """Abort this run's unfinished requests (not those another thread added to the same engine)
         and record the state that leaves."""
+        if self._detail is not None:  # the last records in detail, whatever the estimate said
+            engine.recorder.set_detail(True)
         for request in self._requests:
             if not request.is_finished:
                 engine.abort(request.request_id)
@@ -243,6 +241,8 @@ class LiveRun(Recording):
                 self._running.wait()
                 self.status = RunStatus.RUNNING
                 continue
+            if self._detail is not None:
+                engine.recorder.set_detail(self._detail.update(self._so_far.num_steps, self.num_finished))
             step()
             if self.step_delay:
                 self._stop.wait(self.step_delay)

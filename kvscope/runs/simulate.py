@@ -69,7 +69,7 @@ class SimSetup(RunSetup):
     def run_options(self) -> dict[str, Any]:
         """``RunSetup.run_options``; past ``LAZY_ABOVE`` requests finished ones are let go (bounded memory)."""
         many = (self.spec.workload.requests or 0) > LAZY_ABOVE
-        return {**RunSetup.run_options(self), "keep_outputs": not many}
+        return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests}
 
     def make_engine(self):
         if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.runs.pd_sim)

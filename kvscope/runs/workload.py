@@ -22,9 +22,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import SamplingParams
 from kvscope.options.values import arrival as check_arrival
 from kvscope.options.values import parse_range  # also importable from here, as the benchmarks do
+from kvscope.runs.draws import Draws
 
 
 @dataclass(slots=True)
@@ -42,6 +44,12 @@ class WorkItem:
     def num_prompt_tokens(self) -> int | None:
         """Known for token-id prompts; ``None`` for text until a tokenizer has seen it."""
         return None if isinstance(self.prompt, str) else len(self.prompt)
+
+    def prompt_for(self, tokenizer) -> str | list[int]:
+        """What to submit: the prompt, through the chat template when it is a chat message and the model has one."""
+        if not self.chat or not getattr(tokenizer, "chat_template", None):
+            return self.prompt
+        return chat_prompt_ids(tokenizer, [{"role": "user", "content": self.prompt}])
 
 
 def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **changes) -> SamplingParams:
@@ -89,11 +97,11 @@ def iter_synthetic_workload(
         raise ValueError(f"no token ids left to draw prompts from (vocab_size={vocab_size})")
 
     def items() -> Iterator[WorkItem]:
-        rng = random.Random(seed)
-        prefix = rng.choices(allowed, k=shared_prefix_len)
+        rng = Draws(seed, allowed)  # random.Random(seed)'s very draws, the tokens made in bulk (runs/draws.py)
+        prefix = rng.choices(shared_prefix_len)
         base = params or SamplingParams()
         for i in range(num_requests):
-            tokens = prefix + rng.choices(allowed, k=rng.randint(*prompt_len))
+            tokens = prefix + rng.choices(rng.randint(*prompt_len))
             yield WorkItem(tokens, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=True))
 
     return items()

@@ -49,18 +49,29 @@ class StepFeatures:
     @classmethod
     def of_schedule(cls, sched: SchedulerOutput, block_size: int) -> StepFeatures:
         """The features of a step about to run (``context``: computed tokens plus this step's)."""
-        f = cls()
-        for request, n, is_decode in zip(sched.requests, sched.num_tokens, sched.is_decode):
-            f._add(is_decode, n, request.num_computed_tokens + n, block_size)
+        # Once per step over every scheduled request: list comprehensions and sums instead of an ``_add``
+        # per request (integer sums, so the same values in any order).
+        num_tokens, is_decode = sched.num_tokens, sched.is_decode
+        contexts = [r.num_computed_tokens + n for r, n, _ in zip(sched.requests, num_tokens, is_decode)]
+        f = cls(num_seqs=len(contexts), context_tokens=sum(contexts),
+                blocks=sum([-(-c // block_size) for c in contexts]))
+        if len(contexts) == len(num_tokens) == len(is_decode) and all(is_decode):
+            f.decode_tokens, f.decode_context = sum(num_tokens), f.context_tokens
+            return f
+        for d, n, context in zip(is_decode, num_tokens, contexts):
+            f._add_tokens(d, n, context)
         return f
 
-    def _add(self, is_decode: bool, n: int, context: int, block_size: int) -> None:
+    def _add_tokens(self, is_decode: bool, n: int, context: int) -> None:
         if is_decode:
             self.decode_tokens += n
             self.decode_context += context
         else:
             self.prefill_tokens += n
             self.prefill_attention += n * context
+
+    def _add(self, is_decode: bool, n: int, context: int, block_size: int) -> None:
+        self._add_tokens(is_decode, n, context)
         self.num_seqs += 1
         self.context_tokens += context
         self.blocks += -(-context // block_size)

@@ -61,7 +61,7 @@ class SimWorker:
         features = StepFeatures.of_schedule(sched, self.block_size)
         spec = sched.scheduled_spec_decode_tokens
         if not spec:
-            samples = [r for r, n, c in zip(requests, new, computed) if c + n == r.num_tokens]
+            samples = [r for r, n, c in zip(requests, new, computed) if c + n == len(r.all_token_ids)]
             return SimInput(samples, features, sched.total_num_tokens)
         samples, drafts = [], []  # as the runner's: those that reach the end of their tokens and drafts
         for r, n, c in zip(requests, new, computed):

@@ -50,6 +50,8 @@ class PageMapTracker:
         self.group: list[int] = [0] * n  # KV cache group of each block (of the table it last entered)
         self.live_from: dict[str, int] = {}  # request id -> first table row with no null entry seen
         self.dirty: set[int] = set(range(n))
+        # owner -> its "used" entries by fill level (group 0): a decode's tail block reuses them (update)
+        self.used_entries: dict[str, list[PageEntry | None]] = {}
         self.since_snapshot = self.snapshot_every  # the first update is a snapshot
 
     def on_block_event(self, kind: str, block_id: int) -> None:
@@ -74,6 +76,7 @@ class PageMapTracker:
     def forget(self, request_id: str) -> None:
         """The request finished or was preempted: it holds none of its blocks any more."""
         self.live_from.pop(request_id, None)
+        self.used_entries.pop(request_id, None)
         for b in self.tables.pop(request_id, ()):
             if b >= 0:
                 self._let_go(request_id, b)
@@ -110,7 +113,9 @@ class PageMapTracker:
         """The map's changes for a finished step (or all of it, on a snapshot step): ``block_tables[i]``
         is the block table of ``scheduled[i]``'s request after the step."""
         bs, dirty, tables = self.block_size, self.dirty, self.tables
+        entries, refs, owner, group, used = self.entries, self.refs, self.owner, self.group, self.used_entries
         filled: dict[int, int] = {}
+        changes: dict[int, PageEntry] = {}
         for item, table in zip(scheduled, block_tables):
             if not table:  # finished this step: its blocks were freed (and reported by the pool)
                 continue
@@ -120,6 +125,17 @@ class PageMapTracker:
             if n == 1 and groups == 1 and mine is not None and len(mine) == len(table) and table[0] >= 0:
                 j = (computed - 1) // bs  # the common case: a decode into its tail block (one group, no nulls)
                 b = table[j]
+                if refs[b] == 1 and b not in dirty and not group[b]:  # its one holder's, untouched by events
+                    o, f = owner[b], computed - j * bs
+                    row = used.get(o)  # its entry now, made once per owner and fill level
+                    if row is None:
+                        row = used[o] = [None] * (bs + 1)
+                    entry = row[f]
+                    if entry is None:
+                        entry = row[f] = _new_entry(PageEntry, (o, f, "used", 1, 0))
+                    if entry != entries[b]:
+                        entries[b] = changes[b] = entry
+                    continue
                 filled[b] = computed - j * bs
                 dirty.add(b)
                 continue
@@ -139,7 +155,7 @@ class PageMapTracker:
                 b = table[t]
                 filled[b] = min(bs, computed - t // groups * bs)
                 dirty.add(b)
-        return self._changes(filled)
+        return self._changes(filled, changes)
 
     def _enter(self, rid: str, mine: list[int], table: list[int], groups: int, first_written: int,
                filled: dict[int, int]) -> None:
@@ -158,9 +174,9 @@ class PageMapTracker:
             if t // groups < first_written:  # a prefix-cache hit: a full block
                 filled[b] = self.block_size
 
-    def _changes(self, filled: dict[int, int]) -> tuple[dict[int, PageEntry], bool]:
-        """The entries of the blocks touched this step that changed (all of them on a snapshot step)."""
-        changes: dict[int, PageEntry] = {}
+    def _changes(self, filled: dict[int, int], changes: dict[int, PageEntry]) -> tuple[dict[int, PageEntry], bool]:
+        """Add the entries of the other blocks touched this step that changed to ``changes`` (the decodes'
+        tail blocks, already there); all of them on a snapshot step."""
         owner, dirty = self.owner, self.dirty
         entries, entry_of, refs, group = self.entries, self._entry, self.refs, self.group
         for b in dirty:
@@ -180,6 +196,20 @@ class PageMapTracker:
             self.since_snapshot = 0
             return dict(enumerate(entries)), True
         return changes, False
+
+    def resume(self) -> None:
+        """Start again after steps without updates (a long simulation's light steps: ``Recorder.set_detail``).
+        The reference counts and cached flags are current (the pool's events kept coming); who holds what is
+        not, so it is forgotten and the next update enters every scheduled request's table afresh, owners in
+        schedule order; a block whose events came meanwhile keeps no owner (a cached one shows ``""``). The
+        next update is a full snapshot."""
+        self.holders.clear()
+        self.tables.clear()
+        self.live_from.clear()
+        self.used_entries.clear()
+        for b in self.dirty:
+            self.owner[b] = ""
+        self.since_snapshot = self.snapshot_every
 
     def has_changes(self) -> bool:
         """Whether a block touched since the last update would now read differently (no step needed)."""

@@ -14,7 +14,7 @@ loop is back to its no-op phase marks.
 
 The profiler sees no engine. It gets the recorder (summaries go onto its records), a hook that routes
 the step's phase marks to it (``set_phase_marks(marks)`` / ``set_phase_marks(None)``: it is then called
-as ``begin(phase)`` and ``end(step)``, see ``records.PhaseMarks``), and optionally a hook that wraps the
+as ``begin(phase)`` and ``end(step)``, see ``phase_marks.PhaseMarks``), and optionally a hook that wraps the
 attention backend's calls (``wrap_backend(wrap)`` calls ``wrap(kind, fn)`` for each call it routes,
 ``kind`` being ``"store_kv"`` or ``"paged_attention"``, and returns the function that undoes it).
 ``Engine.profile`` passes its own. While capturing, the phases run inside
@@ -42,8 +42,9 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from kvscope.telemetry.kernel_time import time_by_category
+from kvscope.telemetry.phase_marks import NULL_MARKS, NullMarks, PhaseMarks
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import NULL_MARKS, NullMarks, PhaseMarks, StepRecord
+from kvscope.telemetry.records import StepRecord
 
 __all__ = ["NULL_MARKS", "NullMarks", "Profiler"]
 
@@ -181,7 +182,7 @@ class Profiler:
         per_step = time_by_category(prof, steps, self.cuda)
         self.summaries.update(per_step)
         for step, summary in per_step.items():
-            self.recorder.attach_profile(step, summary)
+            _attach(self.recorder, step, summary)
         if self.keep_trace:
             self.trace_events = self._kineto_events(prof)
             self.recorder.profiler_events.extend(self.trace_events)
@@ -246,3 +247,13 @@ def _ranged(kind: str, fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapped
+
+
+def _attach(recorder: Recorder, step: int, summary: dict[str, int]) -> None:
+    """Set ``profile`` on the record of ``step`` (if the ring still has it)."""
+    for record in reversed(recorder.steps):
+        if record.step == step:
+            record.profile = summary
+            return
+        if record.step < step:
+            return

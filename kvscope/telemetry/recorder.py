@@ -71,6 +71,7 @@ class Recorder:
         self.pages = PageMapTracker(meta["num_blocks"], self.block_size, snapshot_every)
         self.block_event = self.pages.on_block_event  # the block pool's listener: (kind, block_id)
         self._stats: SchedulerStats | None = None  # as of the last record
+        self.detail = True  # False: light batches (``BatchCounts``), the page map resting (``set_detail``)
         self.clear()
 
     def clear(self) -> None:
@@ -239,8 +240,10 @@ class Recorder:
             return [dataclasses.replace(x, request_id=names[x.request_id]) if x.request_id in names else x
                     for x in items]
 
+        counts = batch.counts and dataclasses.replace(batch.counts, sampled_ids=[names.get(rid, rid) for rid in
+                                                                                 batch.counts.sampled_ids])
         return dataclasses.replace(batch, scheduled=fix(batch.scheduled), admitted=fix(batch.admitted),
-                                   preempted=fix(batch.preempted))
+                                   preempted=fix(batch.preempted), counts=counts)
 
     def _step_events(self, batch: BatchSummary, timings: StepTimings) -> None:
         """The step's own request events (preempted, resumed / scheduled at the end of scheduling),
@@ -270,22 +273,21 @@ class Recorder:
                 self._seen_scheduled.discard(event.request_id)
         self._pending.clear()
 
+    def set_detail(self, on: bool) -> None:
+        """Per-request detail (items, tables, page-map changes) from the next step, or not (telemetry/detail.py).
+        Back on, the page map starts again from the blocks' state then, with a full snapshot."""
+        if on and not self.detail:
+            self.pages.resume()
+        self.detail = on
+
     def _make_record(self, batch: BatchSummary, t: StepTimings, stats: SchedulerStats) -> StepRecord:
-        page_map, full = self.pages.update(batch.scheduled, batch.block_tables)
+        page_map, full = ({}, False) if batch.counts is not None else self.pages.update(batch.scheduled,
+                                                                                        batch.block_tables)
         kv = kv_state(stats, self.block_size, self.kv_bytes_per_block, self.static_bytes_per_request)
         memory = self.memory.sample(t.end_ns) if self.memory is not None else {}
         record = step_record(batch, t, stats, kv, page_map, full, memory)
         record.wait_reason, record.gc_ns = batch.wait_reason, batch.gc_ns or None
         return record
-
-    def attach_profile(self, step: int, summary: dict[str, int]) -> None:
-        """Set ``profile`` on the record of ``step`` (if the ring still has it)."""
-        for record in reversed(self.steps):
-            if record.step == step:
-                record.profile = summary
-                return
-            if record.step < step:
-                return
 
 
 def _copy(ring: deque) -> list:

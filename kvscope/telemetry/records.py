@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 # Request event kinds, in the order a request can go through them.
 EVENT_KINDS = ("queued", "scheduled", "first_token", "preempted", "resumed", "finished")
@@ -195,6 +195,10 @@ class StepRecord:
     wait_reason: str | None = None
     # ns this process spent in the garbage collector since the previous record (None: none, or not measured)
     gc_ns: int | None = None
+    # A light record (``Recorder.detail`` off: a step of a long simulation that its window will not keep) has no
+    # ``scheduled`` items and no page-map changes; these are the requests that sampled in it (the exact summary's
+    # inter-token intervals need them). None for every other record; not written to files
+    sampled_ids: list[str] | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -249,6 +253,20 @@ class BatchSummary:
     spec_decode: SpecDecodeStats | None = None  # speculative decoding's share of the step, if on
     wait_reason: str | None = None  # why requests still waited after the schedule (StepRecord.wait_reason)
     gc_ns: int = 0  # the source's time in the garbage collector since its previous step (StepRecord.gc_ns)
+    counts: BatchCounts | None = None  # a light batch (no ``scheduled``): its counts (Recorder.detail)
+
+
+@dataclass(slots=True)
+class BatchCounts:
+    """What ``step_record`` counts from a batch's ``scheduled`` items, for a light batch that has none: the
+    steps of a long simulation that its recorder's window will not keep (``Recorder.detail``)."""
+
+    num_prefill_seqs: int
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    num_decode_tokens: int
+    num_output_tokens: int  # sampled, plus accepted drafts
+    sampled_ids: list[str]  # the requests that sampled (StepRecord.sampled_ids)
 
 
 @dataclass(slots=True)
@@ -269,25 +287,3 @@ class SchedulerStats:
     num_window_freed_blocks: int = 0
     blocks_used_per_group: list[int] = field(default_factory=list)
 
-
-class PhaseMarks(Protocol):
-    """Where a source reports its step's phase boundaries (the profiler's ``record_function`` ranges)."""
-
-    def begin(self, phase: str) -> None: ...
-
-    def end(self, step: int) -> None: ...
-
-
-class NullMarks:
-    """The phase marks of a step nobody watches: nothing."""
-
-    __slots__ = ()
-
-    def begin(self, phase: str) -> None:
-        pass
-
-    def end(self, step: int) -> None:
-        pass
-
-
-NULL_MARKS = NullMarks()

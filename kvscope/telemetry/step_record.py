@@ -46,11 +46,16 @@ def step_record(batch: BatchSummary, t: StepTimings, stats: SchedulerStats, kv: 
                 page_map: dict[int, PageEntry], page_map_full: bool, memory: dict[str, Any]) -> StepRecord:
     """The record of a finished step: its batch, phase times, the counters after it, and what the
     recorder tracked (``kv``, the page map's changes or snapshot, a memory sample)."""
-    scheduled = batch.scheduled  # the batch's composition (comprehensions: one pass each, no branches)
-    decodes = [item.num_tokens for item in scheduled if item.kind == "decode"]
-    decode_seqs, decode_tokens = len(decodes), sum(decodes)
-    prefill_seqs, prefill_tokens = len(scheduled) - decode_seqs, sum([i.num_tokens for i in scheduled]) - decode_tokens
-    num_sampled = sum([i.sampled + i.num_accepted_tokens for i in scheduled])  # drafts accepted: more tokens
+    scheduled, counts = batch.scheduled, batch.counts  # the batch's composition (comprehensions: one pass each)
+    if counts is not None:  # a light batch: counted by its source
+        prefill_seqs, prefill_tokens = counts.num_prefill_seqs, counts.num_prefill_tokens
+        decode_seqs, decode_tokens, num_sampled = counts.num_decode_seqs, counts.num_decode_tokens, counts.num_output_tokens
+    else:
+        decodes = [item.num_tokens for item in scheduled if item.kind == "decode"]
+        decode_seqs, decode_tokens = len(decodes), sum(decodes)
+        prefill_seqs = len(scheduled) - decode_seqs
+        prefill_tokens = sum([i.num_tokens for i in scheduled]) - decode_tokens
+        num_sampled = sum([i.sampled + i.num_accepted_tokens for i in scheduled])  # drafts accepted: more tokens
     return StepRecord(
         step=batch.step,
         t_start_ns=t.start_ns,
@@ -75,4 +80,5 @@ def step_record(batch: BatchSummary, t: StepTimings, stats: SchedulerStats, kv: 
         page_map_full=page_map_full,
         memory=memory,
         spec_decode=batch.spec_decode,
+        sampled_ids=counts.sampled_ids if counts is not None else None,
     )

@@ -100,19 +100,31 @@ class SummaryStream:
         self.prefill_tokens += r.num_prefill_tokens
         self.preemptions += r.num_preempted
         self.peak_running = max(self.peak_running, r.num_running)
-        if r.scheduled or r.duration_ns:
+        if r.num_prefill_seqs or r.num_decode_seqs or r.duration_ns:  # a step (a state record: neither)
             self.step_ns_sum += r.duration_ns
             self.step_ns_count += 1
-        ending = {e.request_id: m for e, m in self.ending}
-        for item in r.scheduled:
-            if item.sampled:
-                m = self.moments.get(item.request_id) or ending.get(item.request_id)
-                if m is not None:
-                    if m[3] is not None:
-                        self.itl_ns[r.t_end_ns - m[3]] += 1
-                    m[3] = r.t_end_ns
+        self._sampled(r)
         self._flush()
         self._kv(r)
+
+    def _sampled(self, r: StepRecord) -> None:
+        """The step's sampled requests: an inter-token interval each (after their first token), and their
+        last token now. Per scheduled request per step, so comprehensions and one ``Counter.update``; the
+        ids in a step are unique, so taking every interval before moving the last tokens changes nothing."""
+        t_end, moments, ids = r.t_end_ns, self.moments, r.sampled_ids  # ids: a light record's
+        if ids is None:
+            sampled = [moments.get(item.request_id) for item in r.scheduled if item.sampled]
+        else:
+            sampled = [moments.get(rid) for rid in ids]
+        if self.ending and None in sampled:  # finished in this step: its moments wait in ``ending``
+            ending = {e.request_id: m for e, m in self.ending}
+            if ids is None:
+                ids = [item.request_id for item in r.scheduled if item.sampled]
+            sampled = [ending.get(rid) if m is None else m for m, rid in zip(sampled, ids)]
+        self.itl_ns.update([t_end - m[3] for m in sampled if m is not None and m[3] is not None])
+        for m in sampled:
+            if m is not None:
+                m[3] = t_end
 
     def _flush(self) -> None:
         for e, m in self.ending:

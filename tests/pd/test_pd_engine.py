@@ -97,3 +97,21 @@ def test_trace_and_metrics_carry_the_transfers_and_load_back(pd_engine, tmp_path
         back = kvscope.load(path)
         assert back.meta["pd"]["transfers"] == run.meta["pd"]["transfers"]
         assert back.summary()["kv_transfers"] == run.summary()["kv_transfers"] > 0
+
+
+def test_aborting_a_request_that_waits_for_its_hand_over_keeps_the_load_right(pd_engine, monkeypatch):
+    """A prompt whose prefill ended waits in ``handovers`` (its producer's load already given back): aborting it
+    there must not give the load back twice, or the router would pick that instance as if it were idle."""
+    monkeypatch.setattr(pd_engine, "_hand_over_ready", lambda: None)  # hold every hand-over
+    rid = pd_engine.add_request(fresh_prompts(1, seed=6)[0], PARAMS)
+    for _ in range(50):
+        if any(r.request_id == rid for r in pd_engine.handovers):
+            break
+        pd_engine.step()
+    assert [r.request_id for r in pd_engine.handovers] == [rid]
+    assert pd_engine.abort(rid)
+    assert pd_engine.load == {"prefill-0": 0, "decode-0": 0}
+    assert not pd_engine.handovers and not pd_engine.has_unfinished_requests()
+    monkeypatch.undo()
+    out = pd_engine.generate(fresh_prompts(1, seed=7), PARAMS)[0]  # the engine goes on as before
+    assert out.finish_reason == "length" and pd_engine.load == {"prefill-0": 0, "decode-0": 0}

@@ -116,3 +116,35 @@ def test_speculation_without_an_acceptance_rate_is_refused(calibration_run):
     cfg = EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="--acceptance-rate"):
         simulated_engine(resolve_shape("tiny"), cfg, fit_step_model(calibration_run.records, 16))
+
+
+def test_a_long_simulation_records_the_steps_its_window_drops_light():
+    """Past its window, a simulation records the steps its window will not keep light (no items, no page map):
+    the same schedule and the same exact summary as with detail everywhere, and the window all in detail."""
+    from kvscope.sim.roofline import RooflineModel, find_gpu
+    from kvscope.telemetry.records import StepRecord
+
+    shape = resolve_shape("tiny")
+    s = shape.spec
+    model = RooflineModel(find_gpu("a100-80gb"), s.num_params, s.dtype_bytes, s.num_layers, s.num_heads, s.head_dim,
+                          s.kv_bytes_per_token)
+    items = synthetic_workload(300, (16, 48), (4, 16), vocab_size=512, seed=5, exclude_ids=SPECIAL)
+
+    def simulate(workload) -> tuple[Run, list[bool], list]:
+        sim = simulated_engine(shape, EngineConfig(num_blocks=64, max_num_seqs=8), model, window_steps=40)
+        light = []
+        sim.recorder.subscribe(lambda it: light.append((it.sampled_ids is not None, it.page_map_full))
+                               if isinstance(it, StepRecord) else None)
+        return run_live(sim, workload), light, sim.recorder.pages.entries
+
+    detailed, always, detailed_map = simulate(iter(items))  # a lazy workload of unknown length: detail everywhere
+    run, light, page_map = simulate(items)
+    assert not any(lt for lt, _ in always) and 100 < sum(lt for lt, _ in light) < len(light) - 80  # light between
+    back = next(i for i in range(len(light) - 1, 0, -1) if light[i - 1][0])  # the first record in detail again
+    assert light[back] == (False, True)  # a full page-map snapshot: the page map starts again from the pool
+    assert len(run.records) == len(detailed.records) == 40
+    assert all(r.scheduled and r.sampled_ids is None for r in run.records if r.num_running)
+    assert [(r.step, r.num_prefill_tokens, r.num_decode_tokens, r.num_output_tokens, r.kv) for r in run.records] == \
+        [(r.step, r.num_prefill_tokens, r.num_decode_tokens, r.num_output_tokens, r.kv) for r in detailed.records]
+    assert run.summary() == detailed.summary() and run.summary()["requests"] == 300
+    assert [e[1:4] for e in page_map] == [e[1:4] for e in detailed_map]  # filled, state, refs of every block

@@ -129,8 +129,12 @@ def test_reset_prefix_cache_shows_in_the_next_record():
 
 def test_finished_requests_leave_no_tracker_state():
     engine = make_engine()
-    engine.generate([[5 + i] * (3 + i) for i in range(6)], greedy(3))
-    assert engine.recorder.pages.tables == {} and engine.recorder.pages.holders == {}
+    pages = engine.recorder.pages
+    seen = []  # the decodes' tail entries are kept per owner while it runs (PageMapTracker.used_entries)
+    engine.recorder.subscribe(lambda item: seen.append(len(pages.used_entries)) if isinstance(item, StepRecord) else None)
+    engine.generate([[5 + i] * (3 + i) for i in range(6)], greedy(8))
+    assert max(seen) > 0
+    assert pages.tables == {} and pages.holders == {} and pages.used_entries == {}
 
 
 @pytest.mark.parametrize("model_type", ["ministral", "gemma3_text"])
@@ -171,3 +175,39 @@ def test_page_map_follows_window_freeing_and_groups(model_type):
     engine.generate(prompts, greedy(20))
     assert len(checked) > 10 and engine.pool.num_window_freed_blocks > 0
     assert tracker.tables == {} and tracker.holders == {} and tracker.live_from == {}
+
+
+def test_after_light_steps_the_page_map_starts_again_from_the_pool():
+    """A long simulation's light steps (``Recorder.set_detail(False)``) carry no items and no page-map changes;
+    back in detail, the next record is a full snapshot and every record after it matches the pool again."""
+    engine = make_engine(num_blocks=24, max_num_batched_tokens=24)
+    engine.recorder.clear()
+    records: list[StepRecord] = []
+
+    def toggle(item):
+        if isinstance(item, StepRecord):
+            records.append(item)
+            if len(records) == 3:
+                engine.recorder.set_detail(False)
+            if len(records) == 9:
+                engine.recorder.set_detail(True)
+            if len(records) > 9:  # in detail again: the map replayed from the snapshot is the pool's
+                current = page_map_at(records, item.step)
+                for b, entry in enumerate(current):
+                    state, filled, holders = expected_entry(engine, b)
+                    assert (entry.state, entry.filled, entry.refs) == (state, filled, len(holders) or entry.refs), b
+                    assert entry.owner in holders if holders else entry.owner in ("", *_ids(records))
+
+    engine.recorder.subscribe(toggle)
+    shared = [60, 61, 62, 63, 64, 65, 66, 67]
+    prompts = [[*shared, 70 + i, 71, 72] for i in range(4)] + [[80 + i] * (5 + 3 * i) for i in range(4)]
+    engine.generate(prompts, [greedy(n) for n in (3, 14, 6, 14, 9, 12, 9, 16)])
+    light = records[3:9]
+    assert all(r.sampled_ids is not None and not r.scheduled and not r.page_map for r in light)
+    assert sum(len(r.sampled_ids) for r in light) == sum(r.num_output_tokens for r in light) > 0
+    assert records[9].page_map_full and records[9].scheduled
+    assert len(records) > 14
+
+
+def _ids(records: list[StepRecord]) -> set[str]:
+    return {i.request_id for r in records for i in r.scheduled}

@@ -152,19 +152,22 @@ class BlockPool:
     # ---- allocation ----------------------------------------------------------------------------
     def allocate(self, n: int, group: int = 0) -> list[KVBlock]:
         """Take ``n`` free blocks (evicting cached ones if needed) with ``ref_cnt = 1`` for ``group``."""
-        if n > len(self.free_queue):
-            raise RuntimeError(f"asked for {n} blocks but only {len(self.free_queue)} are free")
+        free_queue = self.free_queue
+        if n > len(free_queue):
+            raise RuntimeError(f"asked for {n} blocks but only {len(free_queue)} are free")
+        # Per block of every allocation: locals, ``FreeBlockQueue.pop``'s empty stack and ``_emit`` inlined.
+        empty, used, listeners = free_queue.empty, self.used_per_group, self.listeners
         out = []
         for _ in range(n):
-            block = self.free_queue.pop()
+            block = empty.pop() if empty else free_queue.pop()
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
             block.group = group
             out.append(block)
-            self.used_per_group[group] = self.used_per_group.get(group, 0) + 1
-            if self.listeners:
-                self._emit(BLOCK_ALLOCATED, block.block_id)
+            used[group] = used.get(group, 0) + 1
+            for listener in listeners:
+                listener(BLOCK_ALLOCATED, block.block_id)
         return out
 
     def _evict(self, block: KVBlock) -> None:
@@ -194,19 +197,26 @@ class BlockPool:
         """Drop one reference from each block. Pass a sequence's blocks tail first, so that its tail is
         evicted before its prefix (the prefix is the part other requests are likely to share).
         ``window``: the blocks left a sliding window (their last release is a ``"window_freed"``)."""
+        # Per block of every finished request: locals, ``FreeBlockQueue.append`` and ``_emit`` inlined.
+        empty, cached = self.free_queue.empty, self.free_queue.cached
+        used, listeners, kind = self.used_per_group, self.listeners, BLOCK_WINDOW_FREED if window else BLOCK_FREED
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"block {block.block_id} freed more often than allocated (ref_cnt 0)")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
-                self.used_per_group[block.group] -= 1
+                if block.block_hash is None:
+                    empty.append(block)
+                else:
+                    cached[block.block_id] = block
+                used[block.group] -= 1
                 if window:
                     self.num_window_freed_blocks += 1
-                if self.listeners:
-                    self._emit(BLOCK_WINDOW_FREED if window else BLOCK_FREED, block.block_id)
-            elif self.listeners:
-                self._emit(BLOCK_RELEASED, block.block_id)
+                for listener in listeners:
+                    listener(kind, block.block_id)
+            else:
+                for listener in listeners:
+                    listener(BLOCK_RELEASED, block.block_id)
 
     # ---- prefix cache ----------------------------------------------------------------------------
     def hash_blocks(self, token_ids: list[int], start: list[BlockHash], num_tokens: int | None = None) -> list[BlockHash]:
@@ -216,10 +226,12 @@ class BlockPool:
         chain = start
         parent = chain[-1].value if chain else ROOT_HASH
         n = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
-        for i in range(len(chain), n // bs):
-            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            parent = self.hash_fn(parent, tokens)
-            chain.append(BlockHash(parent, tokens))
+        hash_fn, append = self.hash_fn, chain.append  # per full block of every prompt: locals, and
+        inline = hash_fn is hash_block_tokens  # the default hash without a call
+        for i in range(len(chain) * bs, n // bs * bs, bs):
+            tokens = tuple(token_ids[i : i + bs])
+            parent = hash((parent, tokens)) if inline else hash_fn(parent, tokens)
+            append(BlockHash(parent, tokens))
         return chain
 
     def find_cached_prefix(self, hashes: list[BlockHash], group: int = 0) -> list[KVBlock]:

@@ -142,16 +142,19 @@ class KVCacheManager:
         if hits is not None or not self._one_full_group:
             return self._allocate(request, num_new_tokens, hits)
         table, pool, bs = request.block_ids, self.pool, self.block_size
-        num_total = request.num_computed_tokens + num_new_tokens
+        computed = request.num_computed_tokens
+        num_total = computed + num_new_tokens
         need = -(-num_total // bs) - len(table)
-        if need > 0 and need > pool.num_free_blocks:
+        if need > 0 and need > len(pool.free_queue):  # pool.num_free_blocks, without the property calls
             return False
-        if request.num_computed_tokens == 0 and pool.enable_caching:  # as _allocate counts
-            pool.prefix_cache_queries += request.num_tokens
+        if computed == 0 and pool.enable_caching:  # as _allocate counts
+            pool.prefix_cache_queries += len(request.all_token_ids)
         if need > 0:
-            table.extend(b.block_id for b in pool.allocate(need, 0))
+            table.extend([b.block_id for b in pool.allocate(need, 0)])
         if pool.enable_caching:
-            num_tokens = min(num_total, len(request.all_token_ids))
+            num_tokens = len(request.all_token_ids)
+            if num_total < num_tokens:
+                num_tokens = num_total
             if num_tokens // bs > self._num_offered.get(request.request_id, 0):  # a block became full
                 self._offer_full_blocks(request, num_tokens)
         return True
@@ -195,7 +198,8 @@ class KVCacheManager:
         hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes, num_tokens)
         blocks = self.pool.blocks
         parents = self._parents.get(rid) or [None] * self.num_groups
-        for g, table in enumerate(self.tables(request)):
+        one = self.num_groups == 1 and not request.extra_block_ids  # tables() without building the list
+        for g, table in enumerate((request.block_ids,) if one else self.tables(request)):
             last = parents[g] if start > 0 else (None, 0)
             parent = None
             if last is not None and last[0] is not None:

@@ -81,22 +81,26 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
         # The per-step loop over every running request (the engine's CPU cost per step): the lists and
-        # counters it touches are locals, ``_add`` is inlined and ``len(all_token_ids)`` is ``num_tokens``
-        # without the property call (with ``allocate_slots``'s inline decode: scheduling 1.6x faster).
-        running, kv, max_tokens = self.running, self.kv, self.config.max_num_batched_tokens
-        requests, num_tokens, is_decode = out.requests, out.num_tokens, out.is_decode
+        # counters it touches are locals, the methods it calls are bound once, ``_add`` is inlined,
+        # ``len(all_token_ids)`` is ``num_tokens`` without the property call and ``min`` a conditional
+        # (with ``allocate_slots``'s inline decode: scheduling 1.6x faster).
+        running, max_tokens = self.running, self.config.max_num_batched_tokens
+        allocate_slots = self.kv.allocate_slots
+        add_request, add_num, add_decode = out.requests.append, out.num_tokens.append, out.is_decode.append
         total = out.total_num_tokens
-        i = 0
-        while i < len(running) and total < max_tokens:
-            request = running[i]
+        for request in running:  # preemption pops from the end: the iterator then stops before the victims
+            if total >= max_tokens:
+                break
             budget = max_tokens - total
-            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, budget)
+            num_new = len(request.all_token_ids) - request.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
             drafts = request.spec_token_ids
             if drafts:  # a decode with drafts: verify those that fit in the budget
                 request.spec_token_ids = []
                 drafts = drafts[: budget - 1] if request.num_computed_tokens == request.num_tokens - 1 else []
                 num_new += len(drafts)
-            while not kv.allocate_slots(request, num_new):
+            while not allocate_slots(request, num_new):
                 if drafts:  # no room for the drafts: drop them rather than preempt anyone
                     num_new -= len(drafts)
                     drafts = []
@@ -109,11 +113,10 @@ class Scheduler:
                     return
             if drafts:
                 out.scheduled_spec_decode_tokens[request.request_id] = drafts
-            requests.append(request)  # _add, inlined
-            num_tokens.append(num_new)
-            is_decode.append(num_new - len(drafts) == 1 and len(request.output_token_ids) > 0)
+            add_request(request)  # _add, inlined
+            add_num(num_new)
+            add_decode(num_new - len(drafts) == 1 and len(request.output_token_ids) > 0)
             total += num_new
-            i += 1
         out.total_num_tokens = total
 
     def _schedule_waiting(self, out: SchedulerOutput) -> str | None:

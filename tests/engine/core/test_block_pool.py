@@ -183,3 +183,24 @@ def test_groups_have_their_own_prefix_index_and_window_frees_are_reported():
     assert pool.find_cached_prefix(hashes[:1], 1) == [b0]  # freed but cached: still findable in its group
     pool.free([a1, a0])
     assert pool.num_free_blocks == 8 and pool.used_per_group == {0: 0, 1: 0}
+
+
+def test_hash_blocks_inline_default_equals_the_hash_function_and_extends_chains():
+    import random
+
+    from kvscope.engine.core.block_pool import ROOT_HASH, BlockHash, hash_block_tokens
+
+    rng = random.Random(2)
+    tokens = [rng.randrange(0, 1000) for _ in range(70)]
+    pool = BlockPool(4, 8)
+    full = pool.hash_blocks(tokens, [])
+    parent, want = ROOT_HASH, []
+    for i in range(0, 64, 8):
+        parent = hash_block_tokens(parent, tuple(tokens[i : i + 8]))
+        want.append(BlockHash(parent, tuple(tokens[i : i + 8])))
+    assert full == want and len(full) == 70 // 8
+    part = pool.hash_blocks(tokens, [], 23)  # only the first 23 tokens: 2 full blocks
+    assert part == want[:2]
+    assert pool.hash_blocks(tokens, part, 40) == want[:5] and part == want[:5]  # extends in place
+    pool.hash_fn = lambda p, t: 7  # a custom function is still called
+    assert [h.value for h in pool.hash_blocks(tokens, [], 16)] == [7, 7]
