@@ -7,6 +7,10 @@ and throughput. Then the simulator's own speed: simulated requests per second at
 
     python benchmarks/simulate.py            # the error table (smollm2; --model tiny) and the speed
     python benchmarks/simulate.py --scale N  # also one simulation of N requests (10**6: minutes), its memory
+
+The speed run's default 60 req/s is about twice what the roofline A100 serves (~28 req/s), so 256 run at all
+times and the queue grows (memory with it: every waiting request holds its prompt); ``--rate 25`` keeps up.
+Past two of its recorder's windows, a simulation records the steps the window drops light (telemetry/detail.py).
 """
 
 from __future__ import annotations
