@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from functools import wraps
 from typing import Any, TypeVar
@@ -209,7 +208,7 @@ class Engine(GenerateMixin, ProfilingMixin):
         if self.speculator is not None:  # drafts for the requests that decode in this step
             self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
-        out = [self._finish(r, r.status) for r in sched.failed]
+        out = [self._finish(r, r.status) for r in sched.failed] if sched.failed else []
         if sched.is_empty:
             clock.stop()
             self.source.step_done(sched, None, clock)
@@ -217,10 +216,13 @@ class Engine(GenerateMixin, ProfilingMixin):
         clock.phase("prepare")
         inp = self.runner.prepare(sched)
         clock.phase("forward")
-        with self._failing_batch(sched, clock):
+        try:  # a plain try rather than a context manager: no generator per step
             logits = self.runner.forward(inp)
             clock.phase("sample")
             sampled, num_accepted = self._sample(logits, inp)
+        except BaseException as exc:
+            self._batch_failed(sched, clock, exc)
+            raise
         clock.phase("update")
         update = self.scheduler.update_from_output(sched, inp.sample_requests, sampled, num_accepted)
         if deltas:
@@ -237,16 +239,10 @@ class Engine(GenerateMixin, ProfilingMixin):
         draft_probs = self.speculator.draft_probs if self.speculator is not None else None
         return self.runner.verify(logits, inp, draft_probs)
 
-    @contextlib.contextmanager
-    def _failing_batch(self, sched: SchedulerOutput, clock: StepClock) -> Iterator[None]:
-        """Around the forward pass and sampling: if they raise, the batch fails (``_fail_batch``) and
-        the exception propagates."""
-        try:
-            yield
-        except BaseException as exc:
-            clock.marks.end(self.source.step_index)
-            self._fail_batch(sched, exc)
-            raise
+    def _batch_failed(self, sched: SchedulerOutput, clock: StepClock, exc: BaseException) -> None:
+        """The forward pass or sampling raised: the batch fails (``_fail_batch``); the caller re-raises."""
+        clock.marks.end(self.source.step_index)
+        self._fail_batch(sched, exc)
 
     def _outputs(self, update: SchedulerUpdate) -> list[StreamDelta]:
         """One ``StreamDelta`` per new token (accepted drafts first), the last of a finished request

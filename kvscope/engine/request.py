@@ -50,11 +50,11 @@ class SamplingParams:
         self.top_p = check_real("top_p", self.top_p, 0.0, 1.0, lo_open=True, must="in (0, 1] (1 turns it off)")
         self.seed = check_int("seed", self.seed, 0, UINT64_MAX, optional=True,
                               must="an unsigned 64-bit integer (0 to 2**64 - 1) or None")
-        if isinstance(self.stop_token_ids, numbers.Integral):
+        if type(self.stop_token_ids) is not list and isinstance(self.stop_token_ids, numbers.Integral):
             raise TypeError(f"stop_token_ids={self.stop_token_ids!r} must be a list of token ids, e.g. "
                             f"[{self.stop_token_ids!r}]")
         ids = token_ids(self.stop_token_ids, "stop_token_ids", text_ok=False, set_ok=True)
-        if any(t < 0 for t in ids):
+        if ids and min(ids) < 0:  # ints by now
             raise ValueError(f"stop_token_ids={ids!r} must be non-negative token ids")
         self.stop_token_ids = ids
         self.ignore_eos = check_bool("ignore_eos", self.ignore_eos)
@@ -75,9 +75,11 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.value in ("stop", "length", "abort", "error")
+        return self in _FINISHED  # the members themselves: no lookup of .value (a Python-level property)
 
 
+_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+             RequestStatus.FINISHED_ERROR)
 _request_counter = itertools.count()
 
 

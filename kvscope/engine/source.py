@@ -116,7 +116,10 @@ class EngineSource:
 
     def _token_events(self, update: SchedulerUpdate) -> None:
         running, accepted = RequestStatus.RUNNING, update.spec_accepted
-        for request in update.requests:  # events the step's tokens caused, in sampling order
+        requests = update.requests
+        if not accepted:  # most steps: a comprehension keeps the few at their first token or finished
+            requests = [r for r in requests if len(r.output_token_ids) == 1 or r.status is not running]
+        for request in requests:  # events the step's tokens caused, in sampling order
             n = len(request.output_token_ids)  # all of them new: its first token (+ accepted drafts)
             if n == 1 or (accepted and n == 1 + len(accepted.get(request.request_id, ()))):
                 self.event("first_token", request)

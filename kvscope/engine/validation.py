@@ -33,6 +33,8 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, optional
               must: str = "") -> int | None:
     """``value`` as an ``int`` in ``[lo, hi]`` (``None`` passes when ``optional``). ``must``: what the
     message says it must be (default "an integer of at least LO" / "an integer between LO and HI")."""
+    if type(value) is int and value >= lo and (hi is None or value <= hi):
+        return value  # the common case, first: an exact int in range (no message to format)
     if value is None and optional:
         return None
     must = must or (f"an integer between {lo} and {hi}" if hi is not None else f"an integer of at least {lo}")
@@ -47,6 +49,8 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, optional
 def check_real(name: str, value: Any, lo: float, hi: float = math.inf, *, lo_open: bool = False,
                must: str = "") -> float:
     """``value`` as a finite ``float`` in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``)."""
+    if type(value) is float and math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi:
+        return value  # the common case, first: an exact float in range (no message to format)
     if not must:
         if math.isinf(hi):
             must = f"a finite number {'>' if lo_open else '>='} {lo:g}"
@@ -64,6 +68,8 @@ def check_real(name: str, value: Any, lo: float, hi: float = math.inf, *, lo_ope
 
 
 def check_bool(name: str, value: Any) -> bool:
+    if value is True or value is False:
+        return value
     if not isinstance(value, bool) and not (type(value).__module__ == "numpy" and _type(value) in ("bool", "bool_")):
         raise TypeError(f"{name}={value!r} must be True or False, not {_type(value)}")
     return bool(value)
@@ -92,17 +98,18 @@ def token_ids(value: Any, name: str = "the prompt", *, text_ok: bool = True, set
     """Token ids from a list / tuple of integers or a 1-D integer array (a set too, with ``set_ok``).
     Floats, bools, bytes and strings inside are refused, never truncated or split. ``text_ok`` only
     changes the message: strings are the caller's to tokenize."""
-    if _is_array(value):
-        return _array_ids(name, value)
-    sequences = (list, tuple, range, set, frozenset) if set_ok else (list, tuple, range)
-    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, sequences):
-        takes = "a string or token ids" if text_ok else "token ids"
-        hint = ": decode bytes to str first" if isinstance(value, bytes) and text_ok else ""
-        label = f"{name}={_show(value)}" if name.isidentifier() else name
-        raise TypeError(f"{label} must be {takes} (a list of ints, or a 1-D integer array), "
-                        f"not {_type(value)}{hint}")
+    if type(value) is not list:  # an exact list, the common case, is no array and is taken
+        if _is_array(value):
+            return _array_ids(name, value)
+        sequences = (list, tuple, range, set, frozenset) if set_ok else (list, tuple, range)
+        if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, sequences):
+            takes = "a string or token ids" if text_ok else "token ids"
+            hint = ": decode bytes to str first" if isinstance(value, bytes) and text_ok else ""
+            label = f"{name}={_show(value)}" if name.isidentifier() else name
+            raise TypeError(f"{label} must be {takes} (a list of ints, or a 1-D integer array), "
+                            f"not {_type(value)}{hint}")
     ids = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    if set(map(type, ids)) <= {int}:  # the common case, all exact ints (checked in C: twice the genexpr's speed)
+    if operator.countOf(map(type, ids), int) == len(ids):  # the common case, all exact ints (counted in C)
         return ids
     out = []
     for i, t in enumerate(ids):

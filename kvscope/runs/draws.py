@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_CHUNK = 1 << 16  # words drawn at a time
+_CHUNK = 1 << 14  # words drawn at a time: their floats (128 KiB) stay in the cache (1 << 16: 2x the time per word)
 
 
 class Draws:
@@ -53,14 +53,21 @@ class Draws:
         fresh = self._bits.random_raw(max(n, _CHUNK)).astype(np.uint32)  # uint32: to floats 6x faster
         words = np.concatenate((self._words[self._pos:], fresh))
         self._words, self._pos = words, 0
-        # random() from words a, b: ((a >> 5) * 2**26 + (b >> 6)) * 2**-53; written as a sum of two terms,
-        # each exact, and so is their sum (an integer below 2**53 times 2**-53): the same double
-        unit = (words[:-1] >> 5) * 2.0**-27
-        unit += (words[1:] >> 6) * 2.0**-53
-        unit *= self._n
+        # random() from words a, b: x * 2**-53 with x = (a >> 5) * 2**26 + (b >> 6), an integer below 2**53
+        # (exact in a double, as each step here is); choices' random() * n rounds x * 2**-53 * n once, and so
+        # does x * (n * 2**-53) (n * 2**-53 is exact): the same double, one pass fewer
+        unit = (words[:-1] >> 5).astype(np.float64)
+        unit *= 2.0**26
+        unit += words[1:] >> 6
+        unit *= self._n * 2.0**-53
         self._index = unit.astype(np.int64)  # floor: the values are >= 0
 
     def getrandbits(self, k: int) -> int:
+        if 0 < k <= 32:  # one word, its top k bits (every randint of a workload's lengths)
+            if self._pos >= len(self._words):
+                self._need(1)
+            self._pos += 1
+            return self._words.item(self._pos - 1) >> (32 - k)
         if k == 0:
             return 0
         n = (k - 1) // 32 + 1

@@ -189,8 +189,8 @@ class LiveRun(Recording):
     def _submit_due(self, engine: Engine) -> None:
         """Add the items whose arrival time has come. A prompt the engine refuses (empty, too long, outside
         the vocabulary) fails alone, as a request finished with status ``error`` naming it; the others run."""
-        now = engine.clock.now_ns()
-        while self._next is not None and self._t_submit_ns + round(self._next.arrival_s * 1e9) <= now:
+        now, t0 = engine.clock.now_ns(), self._t_submit_ns
+        while self._next is not None and (due := t0 + round(self._next.arrival_s * 1e9)) <= now:
             item, self._next = self._next, next(self._pending, None)
             self.num_submitted += 1
             try:
@@ -201,7 +201,7 @@ class LiveRun(Recording):
                 self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
                 continue
             if item.arrival_s:  # it arrived at its time, maybe during the step that just ended
-                request.arrival_time = (self._t_submit_ns + round(item.arrival_s * 1e9)) / 1e9
+                request.arrival_time = due / 1e9
             if item.shown is not None or item.chat:  # reports show the user's message, not the template
                 request.prompt = item.shown if item.shown is not None else item.prompt
             self._requests.append(request)

@@ -52,13 +52,25 @@ class WorkItem:
         return chat_prompt_ids(tokenizer, [{"role": "user", "content": self.prompt}])
 
 
-def _per_request_params(base: SamplingParams, max_tokens: int, index: int, **changes) -> SamplingParams:
+def _per_request_params(base: SamplingParams, max_tokens: int, index: int, ignore_eos: bool) -> SamplingParams:
     """A copy of ``base`` for request ``index``: its own length, and its own seed when one is set
     (seed + index), so sampled requests differ from each other and the run is still reproducible."""
     seed = None if base.seed is None else base.seed + index
     if seed is not None and seed >= 2**64:  # past torch's 64 bits: wrap around
         seed -= 2**64
-    return replace(base, max_tokens=max_tokens, seed=seed, **changes)
+    if type(base) is not SamplingParams:  # a subclass: replace keeps its own fields too
+        return replace(base, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos)
+    # replace(base, ...) with the fields written out (checked alike): replace's generic walk over them cost
+    # as much as the checks, per request (tests/runs/test_workload.py keeps the list whole)
+    return SamplingParams(max_tokens=max_tokens, temperature=base.temperature, top_k=base.top_k, top_p=base.top_p,
+                          seed=seed, stop_token_ids=base.stop_token_ids, ignore_eos=ignore_eos)
+
+
+def _arrived(item: WorkItem, arrival_s: float) -> WorkItem:
+    """``replace(item, arrival_s=arrival_s)``, the fields written out for a ``WorkItem`` (as above)."""
+    if type(item) is not WorkItem:
+        return replace(item, arrival_s=arrival_s)
+    return WorkItem(item.prompt, item.params, item.source, arrival_s, item.chat, item.shown)
 
 
 def synthetic_workload(num_requests: int, *args, **kwargs) -> list[WorkItem]:
@@ -101,8 +113,9 @@ def iter_synthetic_workload(
         prefix = rng.choices(shared_prefix_len)
         base = params or SamplingParams()
         for i in range(num_requests):
-            tokens = prefix + rng.choices(rng.randint(*prompt_len))
-            yield WorkItem(tokens, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=True))
+            tokens = rng.choices(rng.randint(*prompt_len))  # a new list: no copy needed without a prefix
+            yield WorkItem(prefix + tokens if prefix else tokens,
+                           _per_request_params(base, rng.randint(*output_len), i, True))
 
     return items()
 
@@ -192,7 +205,7 @@ def prompts_workload(
     base = params or SamplingParams()
     sources = sources or [""] * len(prompts)
     return [
-        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos=ignore_eos), source,
+        WorkItem(prompt, _per_request_params(base, rng.randint(*output_len), i, ignore_eos), source,
                  chat=chat and isinstance(prompt, str))
         for i, (prompt, source) in enumerate(zip(prompts, sources))
     ]
@@ -230,5 +243,5 @@ def with_arrivals(items: Iterable[WorkItem], rate: float | None, arrival: str = 
     if rate is None:
         return items
     times = iter_arrival_times(rate, parse_arrival(arrival), seed)
-    timed = (replace(item, arrival_s=t) for item, t in zip(items, times))
+    timed = (_arrived(item, t) for item, t in zip(items, times))
     return list(timed) if isinstance(items, Sequence) else timed

@@ -49,17 +49,37 @@ class StepFeatures:
     @classmethod
     def of_schedule(cls, sched: SchedulerOutput, block_size: int) -> StepFeatures:
         """The features of a step about to run (``context``: computed tokens plus this step's)."""
-        # Once per step over every scheduled request: list comprehensions and sums instead of an ``_add``
-        # per request (integer sums, so the same values in any order).
-        num_tokens, is_decode = sched.num_tokens, sched.is_decode
-        contexts = [r.num_computed_tokens + n for r, n, _ in zip(sched.requests, num_tokens, is_decode)]
-        f = cls(num_seqs=len(contexts), context_tokens=sum(contexts),
-                blocks=sum([-(-c // block_size) for c in contexts]))
-        if len(contexts) == len(num_tokens) == len(is_decode) and all(is_decode):
-            f.decode_tokens, f.decode_context = sum(num_tokens), f.context_tokens
-            return f
-        for d, n, context in zip(is_decode, num_tokens, contexts):
-            f._add_tokens(d, n, context)
+        requests, num_tokens, is_decode = sched.requests, sched.num_tokens, sched.is_decode
+        k = min(len(requests), len(num_tokens), len(is_decode))
+        if not len(requests) == len(num_tokens) == len(is_decode):  # a hand-made output: zip's rule
+            requests, num_tokens, is_decode = requests[:k], num_tokens[:k], is_decode[:k]
+        prefills = prefill_indices(is_decode)
+        others = multi_token_indices(num_tokens, prefills)
+        return cls.of_columns([r.num_computed_tokens for r in requests], num_tokens, prefills, others, block_size)
+
+    @classmethod
+    def of_columns(cls, computed: list[int], num_tokens: list[int], prefills: list[int], others: list[int],
+                   block_size: int) -> StepFeatures:
+        """``of_schedule`` from the batch's columns (of one length): request ``i`` has ``computed[i]`` tokens
+        and gets ``num_tokens[i]``; ``prefills`` and ``others`` are the indices of the requests that do not
+        decode and of those that get other than one token. Once per step over every scheduled request: list
+        comprehensions and sums instead of an ``_add`` per request (integer sums, so the same values in any
+        order), and the terms that differ read from the few prefills alone."""
+        n, total = len(computed), sum(num_tokens)
+        f = cls(num_seqs=n, context_tokens=sum(computed) + total)
+        # ceil((c + 1) / block_size) is c // block_size + 1: every request's, then the others' corrected
+        f.blocks = n + sum([c // block_size for c in computed])
+        for i in others:
+            c, t = computed[i], num_tokens[i]
+            f.blocks += -(-(c + t) // block_size) - c // block_size - 1
+        prefill_context = 0
+        for i in prefills:
+            t = num_tokens[i]
+            context = computed[i] + t
+            f.prefill_tokens += t
+            f.prefill_attention += t * context
+            prefill_context += context
+        f.decode_tokens, f.decode_context = total - f.prefill_tokens, f.context_tokens - prefill_context
         return f
 
     def _add_tokens(self, is_decode: bool, n: int, context: int) -> None:
@@ -75,3 +95,22 @@ class StepFeatures:
         self.num_seqs += 1
         self.context_tokens += context
         self.blocks += -(-context // block_size)
+
+
+def prefill_indices(is_decode: list[bool]) -> list[int]:
+    """The indices of the scheduled requests that do not decode, in order (``list.index`` scans in C, and a
+    step has few of them)."""
+    found, i = [], -1
+    for _ in range(is_decode.count(False)):
+        i = is_decode.index(False, i + 1)
+        found.append(i)
+    return found
+
+
+def multi_token_indices(num_tokens: list[int], prefills: list[int]) -> list[int]:
+    """The indices of the scheduled requests that get other than one token, in order: found among the
+    prefills (``prefill_indices``) unless a decode gets more (drafts), then by a pass over the batch."""
+    others = [i for i in prefills if num_tokens[i] != 1]
+    if len(others) != len(num_tokens) - num_tokens.count(1):
+        others = [i for i, t in enumerate(num_tokens) if t != 1]
+    return others

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from kvscope.engine.core.kv_groups import KVCacheConfig
 from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request
-from kvscope.sim.features import StepFeatures
+from kvscope.sim.features import StepFeatures, multi_token_indices, prefill_indices
 from kvscope.sim.speculative import accepted_drafts
 from kvscope.sim.step_model import StepTimeModel
 from kvscope.utils.clock import VirtualClock
@@ -57,6 +58,18 @@ class SimWorker:
         return self.num_blocks * self.kv_bytes_per_block
 
     def prepare(self, sched: SchedulerOutput) -> SimInput:
+        requests, num_tokens, is_decode = sched.requests, sched.num_tokens, sched.is_decode
+        spec = sched.scheduled_spec_decode_tokens
+        if spec or not len(requests) == len(num_tokens) == len(is_decode):
+            return self._prepare_general(sched)
+        prefills = prefill_indices(is_decode)
+        others = multi_token_indices(num_tokens, prefills)
+        computed = [r.num_computed_tokens for r in requests]
+        features = StepFeatures.of_columns(computed, num_tokens, prefills, others, self.block_size)
+        return SimInput(_samples(requests, num_tokens, others), features, sched.total_num_tokens)
+
+    def _prepare_general(self, sched: SchedulerOutput) -> SimInput:
+        """``prepare`` of a step with drafts (or of a hand-made output whose lists disagree)."""
         requests, new, computed = sched.packing_order()
         features = StepFeatures.of_schedule(sched, self.block_size)
         spec = sched.scheduled_spec_decode_tokens
@@ -84,3 +97,27 @@ class SimWorker:
         accepted = {r.request_id: accepted_drafts(len(d), self.acceptance_rate, self.rng)
                     for r, d in zip(inp.sample_requests, inp.spec_drafts or []) if d}
         return self.sample(logits, inp), accepted
+
+
+_computed = attrgetter("num_computed_tokens")
+
+
+def _samples(requests: list[Request], num_tokens: list[int], others: list[int]) -> list[Request]:
+    """The requests that reach the end of their tokens (and so sample), in packing order: the one-token
+    requests by computed tokens, ties in schedule order, then the rest (``others``: their indices), as
+    ``SchedulerOutput.packing_order``, whose order the runner's sampled tokens come in. Once per step over
+    the batch: a stable sort of the requests themselves (no index lists to pick through), the one-token
+    requests cut out by slices around the few others, and one filter."""
+    ones, start = requests, 0
+    if others:
+        ones = []
+        for i in others:
+            ones += requests[start:i]
+            start = i + 1
+        ones += requests[start:]
+    samples = [r for r in sorted(ones, key=_computed) if r.num_computed_tokens + 1 == len(r.all_token_ids)]
+    for i in others:
+        r = requests[i]
+        if r.num_computed_tokens + num_tokens[i] == len(r.all_token_ids):
+            samples.append(r)
+    return samples

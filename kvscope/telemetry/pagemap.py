@@ -177,16 +177,19 @@ class PageMapTracker:
     def _changes(self, filled: dict[int, int], changes: dict[int, PageEntry]) -> tuple[dict[int, PageEntry], bool]:
         """Add the entries of the other blocks touched this step that changed to ``changes`` (the decodes'
         tail blocks, already there); all of them on a snapshot step."""
-        owner, dirty = self.owner, self.dirty
+        owner, dirty, cached, bs = self.owner, self.dirty, self.cached, self.block_size
         entries, entry_of, refs, group = self.entries, self._entry, self.refs, self.group
-        for b in dirty:
-            f = filled.get(b)
-            if f is not None and refs[b] == 1:  # written by its one holder (most blocks): _entry, inlined
+        for b in dirty:  # _entry, inlined for the common blocks: written by their one holder, freed, cached
+            f, r = filled.get(b), refs[b]
+            if r == 1 and f is not None:
                 entry = _new_entry(PageEntry, (owner[b], f, "used", 1, group[b]))
+            elif r == 0:  # a finished request's blocks, mostly
+                if cached[b]:
+                    entry = _new_entry(PageEntry, (owner[b], bs, "cached", 0, group[b]))
+                else:
+                    entry, owner[b] = FREE_PAGE, ""
             else:
                 entry = entry_of(b, f)
-                if entry is FREE_PAGE:
-                    owner[b] = ""
             if entry != entries[b]:
                 entries[b] = entry
                 changes[b] = entry

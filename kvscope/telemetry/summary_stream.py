@@ -14,12 +14,15 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from kvscope.telemetry.frames import NS, pct
 from kvscope.telemetry.records import RequestEvent, StepRecord
+
+_LAST_TOKEN = itemgetter(3)  # of a request's moments
 
 
 def counted_percentile(counts: Counter, q: float) -> float:
@@ -109,22 +112,28 @@ class SummaryStream:
 
     def _sampled(self, r: StepRecord) -> None:
         """The step's sampled requests: an inter-token interval each (after their first token), and their
-        last token now. Per scheduled request per step, so comprehensions and one ``Counter.update``; the
+        last token now. Per scheduled request per step, so C-level passes where they beat a comprehension
+        (map of ``dict.get``, filter, a ``Counter`` of the previous last-token times, which the requests of a
+        step mostly share; not attrgetter: slower than a comprehension's attribute read) and one loop. The
         ids in a step are unique, so taking every interval before moving the last tokens changes nothing."""
         t_end, moments, ids = r.t_end_ns, self.moments, r.sampled_ids  # ids: a light record's
         if ids is None:
             sampled = [moments.get(item.request_id) for item in r.scheduled if item.sampled]
         else:
-            sampled = [moments.get(rid) for rid in ids]
+            sampled = list(map(moments.get, ids))
         if self.ending and None in sampled:  # finished in this step: its moments wait in ``ending``
             ending = {e.request_id: m for e, m in self.ending}
             if ids is None:
                 ids = [item.request_id for item in r.scheduled if item.sampled]
             sampled = [ending.get(rid) if m is None else m for m, rid in zip(sampled, ids)]
-        self.itl_ns.update([t_end - m[3] for m in sampled if m is not None and m[3] is not None])
-        for m in sampled:
-            if m is not None:
-                m[3] = t_end
+        live = list(filter(None, sampled))  # the moments lists (never empty: truthy)
+        before = Counter(map(_LAST_TOKEN, live))
+        before.pop(None, None)  # a first token: no interval yet
+        itl = self.itl_ns
+        for t, k in before.items():
+            itl[t_end - t] += k
+        for m in live:
+            m[3] = t_end
 
     def _flush(self) -> None:
         for e, m in self.ending:

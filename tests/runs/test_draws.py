@@ -32,6 +32,13 @@ def test_picks_are_python_ints():
     assert all(type(t) is int for t in picks) and len(picks) == 50
 
 
+def test_picks_share_the_population_s_ints():
+    population = list(range(1000, 3000))
+    ids = {id(t) for t in population}
+    picks = Draws(5, population).choices(400)
+    assert picks == random.Random(5).choices(population, k=400) and all(id(t) in ids for t in picks)
+
+
 def reference(num_requests, prompt_len, output_len, vocab_size, shared_prefix_len=0, seed=0, exclude_ids=()):
     """The workload as ``random.Random`` made it before ``Draws``: (tokens, max_tokens) per request."""
     allowed = [t for t in range(vocab_size) if t not in set(exclude_ids)]

@@ -164,3 +164,31 @@ def test_with_arrivals_keeps_lists_lists_and_iterators_lazy():
     lazy = with_arrivals(iter_synthetic_workload(10**9, vocab_size=64), 10.0)
     first = next(iter(lazy))
     assert first.arrival_s == 0.0
+
+
+def test_per_request_copies_are_replace_with_every_field():
+    """``_per_request_params`` and ``_arrived`` write the fields out (for speed): they must stay
+    ``dataclasses.replace``, so a field added to either class must be added there too."""
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(SamplingParams)] == [
+        "max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids", "ignore_eos"]
+    assert [f.name for f in dataclasses.fields(workload.WorkItem)] == [
+        "prompt", "params", "source", "arrival_s", "chat", "shown"]
+    base = SamplingParams(max_tokens=9, temperature=0.7, top_k=5, top_p=0.9, seed=11, stop_token_ids=[4, 3])
+    base.temperature, base.top_k = 2, True  # changed after construction: normalised or refused, as replace does
+    with pytest.raises(TypeError, match="top_k=True"):
+        workload._per_request_params(base, 3, 2, True)
+    base.top_k = 5
+    for ignore_eos in (False, True):
+        copy = workload._per_request_params(base, 3, 2, ignore_eos)
+        assert copy == dataclasses.replace(base, max_tokens=3, seed=13, ignore_eos=ignore_eos)
+        assert type(copy.temperature) is float and copy.stop_token_ids is not base.stop_token_ids
+
+    @dataclasses.dataclass
+    class Tagged(SamplingParams):
+        tag: str = "x"
+
+    assert workload._per_request_params(Tagged(tag="y"), 3, 0, True).tag == "y"  # a subclass keeps its fields
+    item = workload.WorkItem([1, 2], base, source="line 2", arrival_s=1.0, chat=True, shown="hi")
+    assert workload._arrived(item, 2.5) == dataclasses.replace(item, arrival_s=2.5)

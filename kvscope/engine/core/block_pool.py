@@ -33,10 +33,9 @@ a block whose parent is unknown is never served.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from kvscope.engine.core.kv_block import BlockHash, FreeBlockQueue, KVBlock
 from kvscope.telemetry.records import (
     BLOCK_ALLOCATED,
     BLOCK_CACHED,
@@ -51,59 +50,14 @@ from kvscope.telemetry.records import (
 ROOT_HASH = 0x6B7673636F7065  # "kvscope": the parent hash of a sequence's first block
 
 
-@dataclass(frozen=True, slots=True)
-class BlockHash:
-    """Chained hash of one full block plus the tokens it covers (for verification)."""
-
-    value: int
-    token_ids: tuple[int, ...]
-
-
 def hash_block_tokens(parent_value: int, token_ids: tuple[int, ...]) -> int:
     """Deterministic across processes: Python hashes ints and tuples of ints without a random salt."""
     return hash((parent_value, token_ids))
 
 
-@dataclass(slots=True, eq=False)
-class KVBlock:
-    block_id: int
-    ref_cnt: int = 0
-    block_hash: BlockHash | None = None
-    parent: KVBlock | None = None  # the block before this one in the sequence it was cached from
-    parent_epoch: int = 0
-    epoch: int = 0  # bumped each time the block's cached contents are dropped
-    group: int = 0  # the KV cache group it was last allocated to (kvscope.engine.core.kv_groups)
-
-
 def cache_key(group: int, value: int) -> int | tuple[int, int]:
     """The prefix index's key of a hash in a group (the bare hash in group 0)."""
     return value if group == 0 else (group, value)
-
-
-class FreeBlockQueue:
-    """Free blocks: empty ones first (a stack), then cached ones, least recently freed first."""
-
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
-        self.empty: list[KVBlock] = list(reversed(list(blocks)))  # pop() hands out block 0 first
-        self.cached: OrderedDict[int, KVBlock] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.empty) + len(self.cached)
-
-    def append(self, block: KVBlock) -> None:
-        if block.block_hash is None:
-            self.empty.append(block)
-        else:
-            self.cached[block.block_id] = block
-
-    def pop(self) -> KVBlock:
-        if self.empty:
-            return self.empty.pop()
-        return self.cached.popitem(last=False)[1]
-
-    def remove(self, block: KVBlock) -> None:
-        """Take a free cached block out of the queue (a prefix-cache hit revives it)."""
-        del self.cached[block.block_id]
 
 
 class BlockPool:
@@ -155,33 +109,30 @@ class BlockPool:
         free_queue = self.free_queue
         if n > len(free_queue):
             raise RuntimeError(f"asked for {n} blocks but only {len(free_queue)} are free")
-        # Per block of every allocation: locals, ``FreeBlockQueue.pop``'s empty stack and ``_emit`` inlined.
-        empty, used, listeners = free_queue.empty, self.used_per_group, self.listeners
+        # Per block of every allocation (in a long run each one evicts a cached block): locals, and
+        # ``FreeBlockQueue.pop``, the eviction (index entry, contents, epoch, event) and ``_emit`` inlined.
+        empty, lru, index, listeners = free_queue.empty, free_queue.cached, self.cached, self.listeners
         out = []
         for _ in range(n):
-            block = empty.pop() if empty else free_queue.pop()
-            if block.block_hash is not None:
-                self._evict(block)
+            block = empty.pop() if empty else lru.popitem(last=False)[1]
+            h = block.block_hash
+            if h is not None:  # evict it
+                key = h.value if block.group == 0 else (block.group, h.value)  # cache_key
+                if index.get(key) is block:
+                    del index[key]
+                block.block_hash = None
+                block.parent = None
+                block.epoch += 1
+                self.num_evictions += 1
+                for listener in listeners:
+                    listener(BLOCK_EVICTED, block.block_id)
             block.ref_cnt = 1
             block.group = group
             out.append(block)
-            used[group] = used.get(group, 0) + 1
             for listener in listeners:
                 listener(BLOCK_ALLOCATED, block.block_id)
+        self.used_per_group[group] = self.used_per_group.get(group, 0) + n
         return out
-
-    def _evict(self, block: KVBlock) -> None:
-        if block.block_hash is None:
-            raise RuntimeError(f"block {block.block_id} was evicted but holds no cached contents")
-        key = cache_key(block.group, block.block_hash.value)
-        if self.cached.get(key) is block:
-            del self.cached[key]
-        block.block_hash = None
-        block.parent = None
-        block.epoch += 1
-        self.num_evictions += 1
-        if self.listeners:
-            self._emit(BLOCK_EVICTED, block.block_id)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take a reference on prefix-cache hits (reviving them from the free queue if needed)."""
@@ -225,11 +176,17 @@ class BlockPool:
         bs = self.block_size
         chain = start
         parent = chain[-1].value if chain else ROOT_HASH
-        n = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
-        hash_fn, append = self.hash_fn, chain.append  # per full block of every prompt: locals, and
-        inline = hash_fn is hash_block_tokens  # the default hash without a call
-        for i in range(len(chain) * bs, n // bs * bs, bs):
-            tokens = tuple(token_ids[i : i + bs])
+        n = len(token_ids)
+        if num_tokens is not None and num_tokens < n:
+            n = num_tokens
+        first, end = len(chain) * bs, n // bs * bs
+        # Per full block of every prompt: the new tokens made a tuple once (a block is a slice of it),
+        # locals, and the default hash without a call.
+        tokens_all = tuple(token_ids[first:end])
+        hash_fn, append = self.hash_fn, chain.append
+        inline = hash_fn is hash_block_tokens
+        for i in range(0, end - first, bs):
+            tokens = tokens_all[i : i + bs]
             parent = hash((parent, tokens)) if inline else hash_fn(parent, tokens)
             append(BlockHash(parent, tokens))
         return chain
@@ -239,8 +196,9 @@ class BlockPool:
         module doc)."""
         hits: list[KVBlock] = []
         prev: KVBlock | None = None
+        index = self.cached
         for h in hashes:
-            block = self.cached.get(cache_key(group, h.value))
+            block = index.get(h.value if group == 0 else (group, h.value))  # cache_key
             if block is None or block.block_hash is None or block.block_hash.token_ids != h.token_ids:
                 break
             if block.parent is not prev or (prev is not None and block.parent_epoch != prev.epoch):
@@ -253,22 +211,37 @@ class BlockPool:
         """Make a full, used block findable in its group's index. If a valid block already holds this
         hash, the first one stays in the index and this one stays uncached (it is freed as empty later);
         so does a block whose parent is not findable, since no lookup could ever reach it."""
-        if not self.enable_caching or block.block_hash is not None:
-            return
-        if parent is not None and not self._is_indexed(parent):
-            return
-        key = cache_key(block.group, block_hash.value)
-        existing = self.cached.get(key)
-        if existing is not None:
-            if self._is_valid(existing):
-                return
-            self.uncache([existing])  # stale: its prefix was evicted
-        block.block_hash = block_hash
-        block.parent = parent
-        block.parent_epoch = parent.epoch if parent is not None else 0
-        self.cached[key] = block
-        if self.listeners:
-            self._emit(BLOCK_CACHED, block.block_id)
+        self.cache_chain([block], [block_hash], parent)
+
+    def cache_chain(self, blocks: list[KVBlock], hashes: list[BlockHash], parent: KVBlock | None) -> list[KVBlock]:
+        """``cache_block(blocks[i], hashes[i], blocks[i - 1])`` for each block in order (``parent``
+        before the first; a block already cached is left as it is); returns the blocks that became
+        cached. Once per admitted prompt's full blocks: ``cache_block``'s checks written out, in order."""
+        if not self.enable_caching:
+            return []
+        index, listeners, out = self.cached, self.listeners, []
+        for block, block_hash in zip(blocks, hashes):
+            previous, parent = parent, block
+            if block.block_hash is not None:
+                continue
+            if previous is not None:  # no lookup could reach it unless its parent is indexed (_is_indexed)
+                ph, pg = previous.block_hash, previous.group
+                if ph is None or index.get(ph.value if pg == 0 else (pg, ph.value)) is not previous:
+                    continue
+            key = block_hash.value if block.group == 0 else (block.group, block_hash.value)  # cache_key
+            existing = index.get(key)
+            if existing is not None:
+                if self._is_valid(existing):
+                    continue
+                self.uncache([existing])  # stale: its prefix was evicted
+            block.block_hash = block_hash
+            block.parent = previous
+            block.parent_epoch = previous.epoch if previous is not None else 0
+            index[key] = block
+            out.append(block)
+            for listener in listeners:
+                listener(BLOCK_CACHED, block.block_id)
+        return out
 
     def _is_indexed(self, block: KVBlock) -> bool:
         h = block.block_hash

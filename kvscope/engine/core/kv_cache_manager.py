@@ -63,6 +63,26 @@ class KVCacheManager:
         self._parents: dict[str, list[tuple[KVBlock, int] | None]] = {}
         self.cached_this_step: list[KVBlock] = []  # blocks offered to the cache in the current step
 
+    @property
+    def one_full_group(self) -> bool:
+        """One KV cache group of full attention (every model without sliding windows)."""
+        return self._one_full_group
+
+    @property
+    def num_offered(self) -> dict[str, int]:
+        """Request id -> how many of its full blocks were offered to the prefix cache (read only)."""
+        return self._num_offered
+
+    def slots_ready(self, request: Request, num_new_tokens: int) -> bool:
+        """True when ``allocate_slots(request, num_new_tokens)`` would change nothing: a running request
+        of a one-group, full-attention model whose table already holds the new slots and none of whose
+        blocks became full (most decode steps). False means: call it. ``Scheduler._schedule_running``
+        writes this out."""
+        computed, bs = request.num_computed_tokens, self.block_size
+        end = computed + num_new_tokens
+        return bool(self._one_full_group and computed and end <= len(request.block_ids) * bs
+                    and min(end, len(request.all_token_ids)) // bs <= self._num_offered.get(request.request_id, 0))
+
     def begin_step(self) -> None:
         """A new step is being scheduled: the previous one's forward pass succeeded, keep its blocks."""
         self.cached_this_step = []
@@ -82,17 +102,19 @@ class KVCacheManager:
         vLLM's coordinator iterates to. A sliding group then takes only the blocks that a query at
         ``n * block_size`` can read; the earlier ones become null entries.
         """
-        empty = KVCacheBlocks([[] for _ in self.windows])
         if not self.pool.enable_caching or request.num_computed_tokens > 0:
-            return empty
+            return KVCacheBlocks([[] for _ in self.windows])
         hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes)
-        n = (request.num_tokens - 1) // self.block_size
+        n = (len(request.all_token_ids) - 1) // self.block_size
+        if self._one_full_group:  # once per admission: the general case below, for one group
+            chain = self.pool.find_cached_prefix(hashes[:n]) if n else []
+            return KVCacheBlocks([chain], len(chain))
         chains = []
         for g in range(self.num_groups):
             chains.append(self.pool.find_cached_prefix(hashes[:n], g) if n else [])
             n = min(n, len(chains[-1]))
         if n == 0:
-            return empty
+            return KVCacheBlocks([[] for _ in self.windows])
         out: list[list[KVBlock | None]] = []
         for window, chain in zip(self.windows, chains):
             skip = num_skipped_blocks(window, n * self.block_size, self.block_size)
@@ -106,6 +128,8 @@ class KVCacheManager:
 
     def can_fit(self, request: Request, num_tokens: int) -> bool:
         """Could the whole pool ever hold ``num_tokens`` tokens of this request?"""
+        if self._one_full_group:  # once per admission: num_blocks_needed's sum of one group's blocks
+            return -(-num_tokens // self.block_size) <= self.pool.num_blocks
         return self.num_blocks_needed(num_tokens) <= self.pool.num_blocks
 
     def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -139,7 +163,7 @@ class KVCacheManager:
         same outcome as the general ``_allocate``; most decodes need no new block and fill no block, so
         both are checked before any call.
         """
-        if hits is not None or not self._one_full_group:
+        if hits or not self._one_full_group:  # no hits (None or empty) takes the written-out path
             return self._allocate(request, num_new_tokens, hits)
         table, pool, bs = request.block_ids, self.pool, self.block_size
         computed = request.num_computed_tokens
@@ -200,29 +224,22 @@ class KVCacheManager:
         parents = self._parents.get(rid) or [None] * self.num_groups
         one = self.num_groups == 1 and not request.extra_block_ids  # tables() without building the list
         for g, table in enumerate((request.block_ids,) if one else self.tables(request)):
-            last = parents[g] if start > 0 else (None, 0)
-            parent = None
-            if last is not None and last[0] is not None:
-                parent = last[0] if last[0].epoch == last[1] else None
-                last = last if parent is not None else None  # reused since: the chain is broken
-            for i in range(start, num_full):
-                if last is None or table[i] == NULL_BLOCK:  # no known parent: nothing more is findable
-                    last = None
-                    break
-                block = blocks[table[i]]
-                if block.block_hash is None:
-                    self.pool.cache_block(block, hashes[i], parent)
-                    if block.block_hash is not None:
-                        self.cached_this_step.append(block)
-                parent, last = block, (block, block.epoch)
-            parents[g] = last
+            last = parents[g] if start > 0 else (None, 0)  # the last block offered and its epoch then
+            if last is None or (last[0] is not None and last[0].epoch != last[1]):
+                parents[g] = None  # no known parent (a block left the window, or was reused since):
+                continue  # nothing more of this group is findable
+            ids = table[start:num_full]
+            cut = ids.index(NULL_BLOCK) if NULL_BLOCK in ids else len(ids)  # a block left the window
+            chain = [blocks[i] for i in (ids if cut == len(ids) else ids[:cut])]
+            self.cached_this_step += self.pool.cache_chain(chain, hashes[start : start + cut], last[0])
+            parents[g] = (chain[-1], chain[-1].epoch) if cut == len(ids) else None
         self._parents[rid] = parents
         self._num_offered[rid] = num_full
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first (see ``BlockPool.free``)."""
         blocks = self.pool.blocks
-        for table in self.tables(request):
+        for table in (request.block_ids,) if self.num_groups == 1 else self.tables(request):
             self.pool.free([blocks[i] for i in reversed(table) if i != NULL_BLOCK])
         request.block_ids = []
         request.extra_block_ids = [[] for _ in range(self.num_groups - 1)]

@@ -11,8 +11,11 @@ lets a model-free worker drive the same scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kvscope.engine.request import Request
+
+_computed = attrgetter("num_computed_tokens")
 
 
 @dataclass(slots=True)
@@ -37,13 +40,14 @@ class SchedulerOutput:
         """The scheduled requests, their new tokens and their computed tokens, in the order a worker packs
         them: decodes first, shortest context first (the torch path buckets them by length), then prefills.
         The tokens a step samples come back to ``update_from_output`` in this order, for any worker."""
-        # Once per step over every scheduled request: one read of each request's computed tokens, and a
-        # stable sort of indices by them (ties keep schedule order) rather than of (computed, index) tuples.
+        # Once per step over every scheduled request: a stable sort (ties keep schedule order) of the
+        # requests themselves when all get one token, else of indices by computed tokens, rather than of
+        # (computed, index) tuples.
         scheduled, num_tokens = self.requests, self.num_tokens
+        if num_tokens.count(1) == len(num_tokens) == len(scheduled):  # one token each (the common step)
+            requests = sorted(scheduled, key=_computed)
+            return requests, num_tokens[:], [r.num_computed_tokens for r in requests]
         computed = [r.num_computed_tokens for r in scheduled]
-        if num_tokens.count(1) == len(num_tokens) == len(computed):  # one token each (the common step)
-            order = sorted(range(len(computed)), key=computed.__getitem__)
-            return [scheduled[i] for i in order], [num_tokens[i] for i in order], sorted(computed)
         order = [i for i, n in enumerate(num_tokens) if n == 1]
         order.sort(key=computed.__getitem__)
         order += [i for i, n in enumerate(num_tokens) if n != 1]

@@ -204,3 +204,33 @@ def test_hash_blocks_inline_default_equals_the_hash_function_and_extends_chains(
     assert pool.hash_blocks(tokens, part, 40) == want[:5] and part == want[:5]  # extends in place
     pool.hash_fn = lambda p, t: 7  # a custom function is still called
     assert [h.value for h in pool.hash_blocks(tokens, [], 16)] == [7, 7]
+
+
+def test_cache_chain_caches_in_order_and_stops_where_the_parent_is_not_indexed():
+    """``cache_chain`` is ``cache_block`` block after block: a block whose hash a valid block already holds
+    stays uncached, so its successors (whose parent is then not findable) do too; returns what got cached."""
+    pool = BlockPool(8, 2)
+    events = []
+    pool.listeners.append(lambda kind, b: events.append((kind, b)))
+    _cache_sequence(pool, [1, 2])  # (1, 2) is cached by another sequence
+    events.clear()
+    hashes = chain(pool, [5, 6, 1, 2, 3, 4])
+    blocks = pool.allocate(3)
+    events.clear()
+    assert pool.cache_chain(blocks, hashes, None) == blocks  # (1, 2) after (5, 6) has its own hash
+    assert events == [("cached", b.block_id) for b in blocks] and [b.parent for b in blocks] == [None, *blocks[:2]]
+    again = pool.allocate(2)
+    events.clear()
+    repeat = chain(pool, [5, 6, 1, 2])
+    assert pool.cache_chain(again, repeat, None) == []  # a valid block holds each hash: nothing replaced
+    assert events == [] and all(b.block_hash is None for b in again)
+    pool2 = BlockPool(8, 2)
+    pool2.hash_fn = lambda parent, tokens: hash(tokens)  # (1, 2) collides with the first sequence's block
+    (held,), _ = _cache_sequence(pool2, [1, 2])
+    hashes2 = chain(pool2, [9, 9, 1, 2, 3, 4])
+    new = pool2.allocate(3)
+    assert pool2.cache_chain(new, hashes2, None) == [new[0]]  # new[1]'s hash is held: it and new[2] stay out
+    assert new[1].block_hash is None and new[2].block_hash is None and pool2.cached[hashes2[1].value] is held
+    off = BlockPool(4, 2, enable_caching=False)
+    assert off.cache_chain(off.allocate(1), hashes2[:1], None) == [] and off.cached == {}
+

@@ -37,3 +37,46 @@ def test_trim_frees_the_blocks_that_hold_only_rejected_drafts():
     assert kv.trim(r) == []  # nothing more to give back
     kv.free(r)
     assert kv.pool.num_free_blocks == kv.pool.num_blocks
+
+
+def _state(kv: KVCacheManager, r: Request) -> tuple:
+    pool = kv.pool
+    return (list(r.block_ids), dict(kv.num_offered), pool.num_free_blocks, pool.prefix_cache_queries,
+            pool.num_evictions, [(b.ref_cnt, b.block_hash, b.epoch) for b in pool.blocks])
+
+
+def test_slots_ready_only_where_allocate_slots_changes_nothing():
+    """The scheduler skips ``allocate_slots`` where ``slots_ready`` says so: then the call would have been a no-op.
+    Checked along prefills and decodes (with and without drafts) across block boundaries."""
+    import random
+
+    rng = random.Random(5)
+    kv = manager(num_blocks=64, block_size=4)
+    events = []
+    kv.pool.listeners.append(lambda kind, b: events.append(kind))
+    r = Request("r", [rng.randrange(50) for _ in range(9)], SamplingParams())
+    assert not kv.slots_ready(r, 9)  # an admission: counted as a prefix-cache query
+    ready = 0
+    for _ in range(40):
+        drafts = rng.choice([0, 0, 2])
+        n = r.num_tokens - r.num_computed_tokens + drafts
+        if kv.slots_ready(r, n):
+            ready += 1
+            before, events[:] = _state(kv, r), []
+            assert kv.allocate_slots(r, n) and _state(kv, r) == before and events == []
+        else:
+            assert kv.allocate_slots(r, n)
+        r.num_computed_tokens = r.num_tokens
+        r.append_token(rng.randrange(50))
+    assert 0 < ready < 40  # most decodes need nothing; block boundaries do
+    kv.free(r)
+
+
+def test_slots_ready_is_never_claimed_for_windows_or_several_groups():
+    from kvscope.engine.core.kv_groups import single_group
+
+    kv = KVCacheManager(BlockPool(16, 4), single_group(2, sliding_window=8))
+    r = Request("r", list(range(6)), SamplingParams())
+    kv.allocate_slots(r, 6)
+    r.num_computed_tokens = 5
+    assert not kv.one_full_group and not kv.slots_ready(r, 1)

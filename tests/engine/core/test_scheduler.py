@@ -168,3 +168,45 @@ def test_schedule_starts_a_fresh_step_for_the_kv_cache_manager():
     fake_step(sched, out)
     sched.schedule()  # a decode: no new full block
     assert sched.kv.cached_this_step == []
+
+
+def _trace(general: bool, seed: int = 3) -> tuple[list, list, int]:
+    """A seeded run with shared prefixes, drafts-free decodes and a pool small enough to preempt: the steps
+    (scheduled, preempted, finished), the block events, and how often ``allocate_slots`` ran. ``general``:
+    the KV manager's written-out one-group paths off (every call takes the general ``_allocate``)."""
+    import random
+
+    rng = random.Random(seed)
+    sched, pool = make(num_blocks=14, block_size=4, budget=24, max_seqs=6)
+    if general:
+        sched.kv._one_full_group = False
+    events, calls = [], [0]
+    pool.listeners.append(lambda kind, b: events.append((kind, b)))
+    allocate = sched.kv.allocate_slots
+
+    def counted(*args):
+        calls[0] += 1
+        return allocate(*args)
+
+    sched.kv.allocate_slots = counted
+    shared = [rng.randrange(30) for _ in range(8)]
+    for i in range(14):
+        prompt = shared[: rng.choice([0, 4, 8])] + [rng.randrange(30) for _ in range(rng.randrange(2, 11))]
+        sched.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=rng.randrange(1, 12), ignore_eos=True)))
+    steps = []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        done = fake_step(sched, out, token=rng.randrange(30))
+        steps.append(([(r.request_id, n) for r, n in zip(out.requests, out.num_tokens)],
+                      [r.request_id for r in out.preempted], [r.request_id for r in done]))
+    return steps, events, calls[0]
+
+
+def test_written_out_paths_schedule_and_emit_exactly_as_the_general_path():
+    """``_schedule_running``'s skip (``slots_ready``) and ``allocate_slots``' one-group path change no step,
+    no block event and no order against the general code; they only make fewer calls."""
+    for seed in (3, 4):
+        fast, general = _trace(False, seed), _trace(True, seed)
+        assert fast[0] == general[0] and fast[1] == general[1]
+        assert any(step[1] for step in fast[0]) and any(kind == "hit" for kind, _ in fast[1])  # preempted, hits
+        assert fast[2] < general[2]
