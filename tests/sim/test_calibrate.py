@@ -24,7 +24,7 @@ def true_time(f: StepFeatures) -> float:  # seconds
             else 1e-3 + 2e-5 * f.num_seqs + 1e-8 * f.decode_context)
 
 
-def synthetic_run(n: int = 200) -> list[StepRecord]:
+def synthetic_run(n: int = 200, time_of=true_time) -> list[StepRecord]:
     records, t = [], 0
     for i in range(n):
         if i % 4 == 0:
@@ -32,7 +32,7 @@ def synthetic_run(n: int = 200) -> list[StepRecord]:
         else:
             items = [ScheduledItem(f"d{j}", "decode", 1, 40 + 13 * j + i, True) for j in range(1 + i % 7)]
         f = StepFeatures.of_record(record(i, 0, 1, items), 16)
-        dur = round(true_time(f) * 1e9)
+        dur = round(time_of(f) * 1e9)
         records.append(record(i, t, dur, items))
         t += dur
     return records
@@ -43,7 +43,22 @@ def test_a_known_linear_step_time_is_recovered():
     assert model.fit["held_out_median_abs_error"] < 1e-6
     assert model.phases["decode"].intercept_s == pytest.approx(1e-3, rel=1e-6)
     assert model.phases["prefill"].coef["prefill_tokens"] == pytest.approx(5e-6, rel=1e-4)
+    assert model.phases["prefill"].intercept_s == pytest.approx(2e-3, rel=1e-4)
     assert model.phases["decode"].ratio_quantiles[0] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_prefill_steps_fixed_cost_is_at_least_a_decode_steps():
+    """Steps whose prefill line would start below the decode steps' fixed cost (here by construction; in a real
+    run when the mixed steps' decode tokens stand in for it) get the decode steps' fixed cost, and the rest of
+    the line is fitted above it."""
+    def cheap_prefill(f: StepFeatures) -> float:
+        return 0.4e-3 + 5e-6 * f.prefill_tokens if f.prefill_tokens else true_time(f)
+
+    model = fit_step_model(synthetic_run(time_of=cheap_prefill), 16)
+    decode, prefill = model.phases["decode"], model.phases["prefill"]
+    assert decode.intercept_s == pytest.approx(1e-3, rel=1e-6)
+    assert prefill.intercept_s == pytest.approx(decode.intercept_s)  # not 0.4 ms
+    assert all(c >= 0 for c in prefill.coef.values())
 
 
 def test_nnls_keeps_costs_non_negative():
