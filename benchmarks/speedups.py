@@ -27,10 +27,11 @@ import time
 import torch
 import torch.nn.functional as F
 from harness import add_omp_wait_option, build_model, machine_line, make_workload, median, set_omp_wait, table
-from kvscope.kernels import KernelBackend, reference, torch_paged
 from systems import workload_blocks
 
 from kvscope import Engine
+from kvscope.kernels import reference, torch_paged
+from kvscope.kernels.backend import KernelBackend
 from kvscope.runs.workload import parse_range
 
 

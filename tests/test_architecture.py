@@ -47,15 +47,20 @@ print(json.dumps({"modules": sorted(edges), "cycles": cycles}))
 
 
 def installed_tree(folder: Path, cycle: bool = False) -> Path:
-    """The package as installed (kernels/ and widgets/ under kvscope/), as symlinks; ``cycle`` adds a
-    module pair that imports each other inside functions, to show the check can fail."""
+    """The package as installed (kernels/ and widgets/ under kvscope/), as symlinks, with an empty
+    ``__init__.py`` in the two namespace folders (grimp skips a folder without one, as .ci/lint-imports does);
+    ``cycle`` adds a module pair that imports each other inside functions, to show the check can fail."""
     pkg = folder / "kvscope"
     pkg.mkdir()
     for entry in (ROOT / "kvscope").iterdir():
-        if entry.name != "__pycache__":
+        if entry.name not in ("__pycache__", "kernels", "widgets"):
             (pkg / entry.name).symlink_to(entry)
-    (pkg / "kernels").symlink_to(ROOT / "kernels")
-    (pkg / "widgets").symlink_to(ROOT / "widgets")
+    for name in ("kernels", "widgets"):
+        (pkg / name).mkdir()
+        (pkg / name / "__init__.py").touch()
+        for entry in (ROOT / name).iterdir():
+            if entry.name != "__pycache__":
+                (pkg / name / entry.name).symlink_to(entry)
     if cycle:
         (pkg / "zz_a.py").write_text("def f():\n    from . import zz_b\n")
         (pkg / "zz_b.py").write_text("def g():\n    from .zz_a import f\n")

@@ -1,5 +1,7 @@
 """The package as installed: ``kernels/`` and ``widgets/`` become ``kvscope.kernels`` / ``kvscope.widgets``
-in a built wheel (as in the editable install the tests run from), with the ``kvscope`` console script."""
+in a built wheel (as in the editable install the tests run from, through the links ``kvscope/kernels`` and
+``kvscope/widgets``), with the ``kvscope`` console script. Both are namespace packages (no ``__init__.py``), so
+that the top-level folders never shadow an installed ``kernels`` or ``widgets`` (tests/test_fresh_clone.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def test_wheel_maps_kernels_and_widgets_under_kvscope(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.startswith("kvscope-")}
     assert tops == {"kvscope"}  # nothing generic like "widgets" lands in site-packages
     for module in (
+        "kernels/backend.py",
         "kernels/paged_attention.py",
         "kernels/store_kv.py",
         "kernels/reference.py",
@@ -50,8 +53,8 @@ def test_wheel_maps_kernels_and_widgets_under_kvscope(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = (
-        f"import sys; sys.path.insert(0, {str(site)!r}); import kvscope.kernels, kvscope.widgets.report; "
-        "print(kvscope.kernels.__file__); print(kvscope.widgets.report.__file__)"
+        f"import sys; sys.path.insert(0, {str(site)!r}); import kvscope.kernels.backend, kvscope.widgets.report; "
+        "print(kvscope.kernels.backend.__file__); print(kvscope.widgets.report.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120
@@ -60,8 +63,8 @@ def test_wheel_maps_kernels_and_widgets_under_kvscope(tmp_path):
 
 
 def test_editable_install_maps_them_too():
-    import kvscope.kernels
-    import kvscope.widgets
+    import kvscope.kernels.backend
+    import kvscope.widgets.report
 
-    assert Path(kvscope.kernels.__file__).parent == ROOT / "kernels"
-    assert Path(kvscope.widgets.__file__).parent == ROOT / "widgets"
+    assert Path(kvscope.kernels.backend.__file__).resolve().parent == ROOT / "kernels"
+    assert Path(kvscope.widgets.report.__file__).resolve().parent == ROOT / "widgets"

@@ -25,7 +25,7 @@ from kvscope.engine.sizing import resolve_dtype, resolve_max_model_len, resolve_
 from kvscope.engine.spec_decode import Speculator, build_speculator
 from kvscope.engine.worker.fusion import accelerate
 from kvscope.engine.worker.model_runner import ModelRunner
-from kvscope.kernels import resolve_backend
+from kvscope.kernels.backend import resolve_backend
 from kvscope.models.loader import load_model
 from kvscope.models.probe import probe_model
 from kvscope.utils.clock import WALL_CLOCK, Clock

@@ -4,14 +4,14 @@ eviction, one request at a time; hidden without prompts or reasons; in the HTML 
 from __future__ import annotations
 
 import pytest
-from kvscope.widgets.feed import Tick
-from kvscope.widgets.panels.prefix_misses import KINDS, PrefixMissesPanel
-from kvscope.widgets.panels.queue_reasons import QueueReasonsPanel
 
 from kvscope import Engine, SamplingParams
 from kvscope.explain.waits import queue_times
 from kvscope.runs.run import Run
 from kvscope.telemetry.records import RequestEvent
+from kvscope.widgets.feed import Tick
+from kvscope.widgets.panels.prefix_misses import KINDS, PrefixMissesPanel
+from kvscope.widgets.panels.queue_reasons import QueueReasonsPanel
 
 
 def tokens(start: int, n: int) -> list[int]:

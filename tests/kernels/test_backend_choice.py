@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 import torch
-from kvscope.kernels import resolve_backend
+
+from kvscope.kernels.backend import resolve_backend
 from kvscope.kernels.paged_attention import paged_attention
 from kvscope.kernels.store_kv import store_kv
 
@@ -26,7 +27,7 @@ def test_without_the_interpreter_the_errors_say_what_to_do():
     script = textwrap.dedent(
         """
         import torch
-        from kvscope.kernels import resolve_backend
+        from kvscope.kernels.backend import resolve_backend
         try:
             resolve_backend("triton", "cpu")
         except ValueError as exc:

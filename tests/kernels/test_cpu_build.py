@@ -15,6 +15,7 @@ import subprocess
 import time
 
 import pytest
+
 from kvscope.kernels import cpu_build, cpu_paged
 
 

@@ -12,10 +12,11 @@ import random
 import pytest
 import torch
 from helpers import hf_greedy, random_prompts
-from kvscope.kernels import cpu_paged, reference, resolve_backend, torch_paged
 from torch.profiler import ProfilerActivity, profile
 
 from kvscope import Engine, SamplingParams
+from kvscope.kernels import cpu_paged, reference, torch_paged
+from kvscope.kernels.backend import resolve_backend
 from kvscope.models.loader import TINY_ARCHS, build_tiny_model
 from kvscope.telemetry.kernel_time import categorize
 

@@ -23,16 +23,15 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 SCRIPT = textwrap.dedent(
     """
-    import importlib.util, sys
+    import importlib.machinery, importlib.util, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    spec = importlib.util.spec_from_file_location("aot_kernels", sys.argv[1] + "/__init__.py",
-                                                  submodule_search_locations=[sys.argv[1]])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules["aot_kernels"] = pkg
-    spec.loader.exec_module(pkg)
+    # kernels/ is a namespace folder (no __init__.py): a bare package over it
+    spec = importlib.machinery.ModuleSpec("aot_kernels", None, is_package=True)
+    spec.submodule_search_locations = [sys.argv[1]]
+    sys.modules["aot_kernels"] = importlib.util.module_from_spec(spec)
     from aot_kernels import paged_attention as pa, store_kv as sk
 
     SMEM_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}

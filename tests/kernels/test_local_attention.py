@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kvscope.kernels import paged_attention as pa
-from kvscope.kernels import reference, torch_paged
 from transformers import masking_utils
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+from kvscope.kernels import paged_attention as pa
+from kvscope.kernels import reference, torch_paged
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=4e-3),
        torch.bfloat16: dict(atol=2e-2, rtol=3.2e-2)}  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.kernels import paged_attention as pa
 from kvscope.kernels import reference
 

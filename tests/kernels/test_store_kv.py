@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+
 from kvscope.kernels import reference
 from kvscope.kernels import store_kv as sk
 

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+
 from kvscope.kernels import reference, torch_paged
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}

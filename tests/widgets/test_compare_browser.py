@@ -12,13 +12,13 @@ import re
 
 import pytest
 from bokeh.plotting import figure
-from kvscope.widgets.compare import build_comparison
 from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
 
 from kvscope import Engine
 from kvscope.runs.comparison import compare
 from kvscope.runs.run import Run
 from kvscope.runs.workload import synthetic_workload
+from kvscope.widgets.compare import build_comparison
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 

@@ -7,12 +7,12 @@ import threading
 import time
 
 import pytest
-from kvscope.widgets.report import Replay
-from kvscope.widgets.transport import Pacer, ViewGate, parse_ack
 
 from kvscope import Engine
 from kvscope.runs.live import LiveRun
 from kvscope.runs.workload import synthetic_workload
+from kvscope.widgets.report import Replay
+from kvscope.widgets.transport import Pacer, ViewGate, parse_ack
 
 pytestmark = pytest.mark.timeout(120)
 SERIES = ("memory", "occupancy", "batch", "latency")

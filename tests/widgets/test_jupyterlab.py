@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kvscope.widgets.panels.registry import PANELS
 from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
+
+from kvscope.widgets.panels.registry import PANELS
 
 HIDDEN_WITHOUT_SPECULATION = 3  # SpeculationPanel, DraftPageMapPanel; SlowStepsPanel (no --capture-slow)
 # the explain panels (prefix-cache misses, why requests waited) draw only once there is something to explain, and

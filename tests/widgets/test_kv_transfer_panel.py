@@ -8,6 +8,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
 from fakes import EngineMetrics, NixlMetrics, render, stored
+
+from kvscope.runs.run import Run
+from kvscope.watch.events import EventBatch, parse_event
+from kvscope.watch.metrics import parse
+from kvscope.watch.source import WatchSource
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.base import PanelContext
 from kvscope.widgets.panels.fleet import table_html
@@ -15,11 +20,6 @@ from kvscope.widgets.panels.kv_transfer import KvTransferPanel
 from kvscope.widgets.panels.watch_kpi import WatchKpiPanel
 from kvscope.widgets.stats import LatencyStats
 from kvscope.widgets.watch_report import build_watch_report
-
-from kvscope.runs.run import Run
-from kvscope.watch.events import EventBatch, parse_event
-from kvscope.watch.metrics import parse
-from kvscope.watch.source import WatchSource
 
 S = 1_000_000_000
 

@@ -8,9 +8,10 @@ import json
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
+
 from kvscope.widgets.panels.registry import PANELS
 from kvscope.widgets.panels.timeline import QUEUE_STATES
-from nbclient import NotebookClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -8,14 +8,14 @@ from bokeh.document import Document
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ModelChangedEvent
 from bokeh.models import CustomJSTickFormatter, HoverTool, Legend, LinearAxis
 from bokeh.plotting import figure
+
+from kvscope.telemetry import frames as metrics
+from kvscope.telemetry.records import FREE_PAGE, PageEntry
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
 from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
 from kvscope.widgets.panels.timeline import QUEUE_STATES, STATES, TimelinePanel
 from kvscope.widgets.stats import LatencyStats
-
-from kvscope.telemetry import frames as metrics
-from kvscope.telemetry.records import FREE_PAGE, PageEntry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,11 +230,10 @@ def test_the_static_reservation_reads_in_times_the_pool(finished_run):
 
 
 def test_page_map_title_names_the_kv_cache_groups():
-    from kvscope.widgets.panels.page_map import kv_groups_label
-
     from kvscope import Engine, Run
     from kvscope.engine.request import SamplingParams
     from kvscope.models.zoo import tiny_model
+    from kvscope.widgets.panels.page_map import kv_groups_label
 
     assert kv_groups_label({}) is None
     full = {"kv_cache_groups": {"groups": [{"layers": [0, 1], "sliding_window": None}], "num_slots": 2}}

@@ -10,14 +10,14 @@ import random
 import pytest
 from bokeh.models import ColumnDataSource, CustomJS, GroupFilter, Slider
 from bokeh.plotting import figure
+
+from kvscope import Engine, Run, SamplingParams
+from kvscope.telemetry.pd_lanes import LANE_STATES
 from kvscope.widgets.panels.pd_page_maps import PDPageMapsPanel
 from kvscope.widgets.panels.pd_timeline import LANE_COLORS
 from kvscope.widgets.panels.registry import build_panels
 from kvscope.widgets.report import build_report
 from kvscope.widgets.stats import LatencyStats
-
-from kvscope import Engine, Run, SamplingParams
-from kvscope.telemetry.pd_lanes import LANE_STATES
 
 pytestmark = pytest.mark.timeout(240)
 DATA_JS = """(name) => {

@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 from bokeh.models import Div, Legend
 from bokeh.plotting import figure
+
+from kvscope import Engine
+from kvscope.runs.live import LiveRun
+from kvscope.runs.workload import synthetic_workload
 from kvscope.widgets.feed import Feed
 from kvscope.widgets.panels.latency import OVERFLOW_COLOR, histogram, overflow_cap
 from kvscope.widgets.panels.memory import MemoryPanel
@@ -19,10 +23,6 @@ from kvscope.widgets.panels.page_map import STATE_LEGEND
 from kvscope.widgets.panels.registry import apply_tick, build_panels
 from kvscope.widgets.report import build_report
 from kvscope.widgets.stats import LatencyStats
-
-from kvscope import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import synthetic_workload
 
 
 def _tiles(text: str) -> dict[str, str]:

@@ -5,10 +5,10 @@ malformed ``meta["capture_slow"]`` (a loaded file may hold anything)."""
 from __future__ import annotations
 
 import pytest
-from kvscope.widgets.feed import Tick
-from kvscope.widgets.panels.slow_steps import SlowStepsPanel
 
 from kvscope.telemetry.records import KVState, ScheduledItem, StepRecord
+from kvscope.widgets.feed import Tick
+from kvscope.widgets.panels.slow_steps import SlowStepsPanel
 
 
 def step(i: int, ms: float) -> StepRecord:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from kvscope.telemetry.records import KVState, PageEntry, SpecDecodeStats, StepRecord
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.page_map import DRAFT_MARK_COLORS, PageMapPanel
 from kvscope.widgets.panels.speculation import DraftPageMapPanel, SpeculationPanel
-
-from kvscope.telemetry.records import KVState, PageEntry, SpecDecodeStats, StepRecord
 
 
 def step(i: int, spec: SpecDecodeStats | None, page_map=None) -> StepRecord:
@@ -65,12 +64,11 @@ def test_draft_page_map_draws_the_draft_pool():
 
 def test_a_live_speculative_run_fills_the_panels_and_a_loaded_one_replays_them(tmp_path):
     """LiveRun's headless dashboard on the tiny model with prompt lookup, then the replay of its trace."""
-    from kvscope.widgets.report import Replay
-
     import kvscope
     from kvscope import Engine
     from kvscope.runs.live import LiveRun
     from kvscope.runs.workload import synthetic_workload
+    from kvscope.widgets.report import Replay
 
     engine = Engine("tiny", num_blocks=64, block_size=4, max_num_seqs=4, speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from kvscope.widgets.sweep_view import SweepView
 from nbclient import NotebookClient
 
 from kvscope.options.sweep import Values
 from kvscope.runs.sweep import Sweep, default_args, plan_from_args
+from kvscope.widgets.sweep_view import SweepView
 
 
 def _plan(**options):

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 from ipywidgets import comm
+
 from kvscope.widgets import bokehjs
 from kvscope.widgets.dashboard import Dashboard
 from kvscope.widgets.view import DashboardView

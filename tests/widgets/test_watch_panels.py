@@ -10,6 +10,11 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
 from fakes import EngineMetrics, removed, render, stored
+
+from kvscope.runs.run import Run
+from kvscope.watch.events import EventBatch, parse_event
+from kvscope.watch.metrics import parse
+from kvscope.watch.source import WatchSource
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.base import PanelContext
 from kvscope.widgets.panels.fleet import FleetPanel
@@ -19,11 +24,6 @@ from kvscope.widgets.panels.watch_latency import WatchLatencyPanel, bucket_bars
 from kvscope.widgets.stats import LatencyStats
 from kvscope.widgets.watch_dashboard import WatchDashboard
 from kvscope.widgets.watch_report import build_watch_report, save_html
-
-from kvscope.runs.run import Run
-from kvscope.watch.events import EventBatch, parse_event
-from kvscope.watch.metrics import parse
-from kvscope.watch.source import WatchSource
 
 S = 1_000_000_000
 

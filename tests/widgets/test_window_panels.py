@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-from kvscope.widgets.feed import Tick
-from kvscope.widgets.panels.base import PanelContext
-from kvscope.widgets.panels.occupancy import OccupancyPanel
 
 from kvscope import Engine, Run, SamplingParams
 from kvscope.models.loader import build_tiny_model
+from kvscope.widgets.feed import Tick
+from kvscope.widgets.panels.base import PanelContext
+from kvscope.widgets.panels.occupancy import OccupancyPanel
 
 torch.set_num_threads(1)
 
@@ -38,9 +38,8 @@ def test_no_line_without_a_window():
 
 
 def test_page_map_cells_carry_the_kv_group():
-    from kvscope.widgets.panels.page_map import PageMapPanel
-
     from kvscope.models.zoo import tiny_model
+    from kvscope.widgets.panels.page_map import PageMapPanel
 
     engine = Engine(tiny_model("gemma3_text"), block_size=4, num_blocks=256, max_model_len=256)
     engine.generate([list(range(5, 45))], SamplingParams(max_tokens=8, ignore_eos=True))

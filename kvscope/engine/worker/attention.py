@@ -31,7 +31,7 @@ import torch
 from transformers import AttentionInterface
 
 from kvscope.engine.config import LayerSpec
-from kvscope.kernels import KernelBackend
+from kvscope.kernels.backend import KernelBackend
 from kvscope.kernels.torch_paged import AttentionPlan
 
 ATTN_NAME = "kvscope"

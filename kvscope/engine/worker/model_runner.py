@@ -13,7 +13,7 @@ from kvscope.engine.spec_decode.rejection import verify
 from kvscope.engine.worker.attention import AttentionMetadata, use_metadata
 from kvscope.engine.worker.model_input import ModelInput
 from kvscope.engine.worker.sampler import sample
-from kvscope.kernels import KernelBackend
+from kvscope.kernels.backend import KernelBackend
 from kvscope.kernels.torch_paged import AttentionPlan
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import hf_greedy
-from kvscope.kernels import resolve_backend
 
 from kvscope.engine.request import Request, SamplingParams
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.spec_decode.draft_model import build_draft_proposer, early_exit_draft
+from kvscope.kernels.backend import resolve_backend
 from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer
 
 BS = 4
