@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from harness import RunResult
 
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.workload.items import WorkItem
 
 NEAR_TIE = 1e-3  # logit gap (absolute) below which float32 reordering can flip an argmax
 

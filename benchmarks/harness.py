@@ -23,7 +23,7 @@ import psutil
 import torch
 
 from kvscope.models.loader import build_tiny_model, load_model
-from kvscope.runs.workload import WorkItem, synthetic_workload
+from kvscope.runs.workload.items import WorkItem, synthetic_workload
 
 # The default benchmark model: a randomly initialised Llama of 56.0M parameters. Intermediate size
 # 1376 = 8/3 x 512 rounded up to a multiple of 32 (Llama's SwiGLU ratio); head size 64 = 512 / 8

@@ -30,7 +30,7 @@ from harness import add_omp_wait_option, build_model, machine_line, make_workloa
 
 from kvscope import Engine
 from kvscope.engine.config import cdiv
-from kvscope.runs.workload import WorkItem, parse_range
+from kvscope.runs.workload.items import WorkItem, parse_range
 
 WORKLOADS = {  # name: (requests, prompt range, output range); "avg512": mean final length 384 + 128
     "short": (48, "16-256", "8-128"),

@@ -44,7 +44,7 @@ from harness import add_omp_wait_option, build_model, make_workload, set_omp_wai
 from systems import KvscopeSystem
 
 from kvscope import Engine
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.workload.items import WorkItem
 
 
 @dataclass(slots=True)

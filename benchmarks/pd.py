@@ -23,8 +23,8 @@ from kvscope.engine.request import SamplingParams
 from kvscope.pd.config import KVTransferConfig
 from kvscope.pd.connector import Connector
 from kvscope.pd.engine import PDEngine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import synthetic_workload, with_arrivals
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.workload.items import synthetic_workload, with_arrivals
 
 KEYS = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
 

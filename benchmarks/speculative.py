@@ -40,7 +40,7 @@ from harness import (
 from kvscope import Engine, SamplingParams
 from kvscope.engine.spec_decode.draft_model import early_exit_draft
 from kvscope.models.loader import load_model
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 QUICK = dict(model="llama-quick", batch_sizes="1,4", output_len=8, rounds=1, draft_layers=1)
 

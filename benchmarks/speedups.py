@@ -32,7 +32,7 @@ from systems import workload_blocks
 from kvscope import Engine
 from kvscope.kernels import reference, torch_paged
 from kvscope.kernels.backend import KernelBackend
-from kvscope.runs.workload import parse_range
+from kvscope.runs.workload.items import parse_range
 
 
 def _before_gather(cache, block_table, length):

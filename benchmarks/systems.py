@@ -35,7 +35,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from kvscope import Engine
 from kvscope.engine.config import cdiv
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.workload.items import WorkItem
 from kvscope.telemetry.frames import token_times
 
 

@@ -44,7 +44,7 @@ from harness import (
 from systems import VLLM_SETUP, KvscopeSystem, VllmSystem, hf_continuous, hf_static, save_model, vllm_python
 
 from kvscope import SamplingParams
-from kvscope.runs.workload import WorkItem, parse_range
+from kvscope.runs.workload.items import WorkItem, parse_range
 
 QUICK = dict(model="llama-quick", requests=8, prompt_len="8-48", output_len="4-16", rounds=2,
              hf_batch_sizes="4,8", hf_cb_batch_tokens="64")

@@ -47,7 +47,7 @@ from types import SimpleNamespace as NS
 import psutil
 
 import kvscope
-from kvscope.runs.status import RunStatus
+from kvscope.runs.background.status import RunStatus
 from kvscope.watch.plugin import StepLines
 from kvscope.watch.vllm_demo import PREPARE, REPO, VllmServer, save_tiny_llama, start_vllm, vllm_python
 

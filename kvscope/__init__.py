@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     from kvscope.engine.config import EngineConfig, ModelSpec
     from kvscope.engine.engine import Engine
     from kvscope.engine.request import RequestOutput, SamplingParams
-    from kvscope.runs.comparison import Comparison, compare
-    from kvscope.runs.run import Run, load
-    from kvscope.runs.watch_run import WatchRun
+    from kvscope.runs.background.watch import WatchRun
+    from kvscope.runs.result.comparison import Comparison, compare
+    from kvscope.runs.result.run import Run, load
 
 __all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "WatchRun",
            "compare", "load", "watch"]
@@ -21,9 +21,9 @@ __all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput",
 # Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
 _LAZY = {"EngineConfig": "kvscope.engine.config", "ModelSpec": "kvscope.engine.config",
          "Engine": "kvscope.engine.engine", "RequestOutput": "kvscope.engine.request",
-         "SamplingParams": "kvscope.engine.request", "Run": "kvscope.runs.run", "load": "kvscope.runs.run",
-         "compare": "kvscope.runs.comparison", "Comparison": "kvscope.runs.comparison",
-         "WatchRun": "kvscope.runs.watch_run"}
+         "SamplingParams": "kvscope.engine.request", "Run": "kvscope.runs.result.run", "load": "kvscope.runs.result.run",
+         "compare": "kvscope.runs.result.comparison", "Comparison": "kvscope.runs.result.comparison",
+         "WatchRun": "kvscope.runs.background.watch"}
 
 
 def __getattr__(name: str):

@@ -21,13 +21,13 @@ MiB = 1 << 20
 
 
 class Compared(Protocol):
-    """What is read of a ``kvscope.runs.comparison.Comparison`` (this module never imports it: the
+    """What is read of a ``kvscope.runs.result.comparison.Comparison`` (this module never imports it: the
     comparison imports this one to draw itself, and imports go one way)."""
 
     runs: list[RecordedRun]
     labels: list[str]
     summaries: list[dict[str, Any]]
-    metrics: Sequence[Any]  # kvscope.runs.comparison.Metric: key, name, unit, better
+    metrics: Sequence[Any]  # kvscope.runs.result.comparison.Metric: key, name, unit, better
     spreads: list[dict[str, tuple[float, float]]]  # per run, metric -> (min, max) over its repeats
 
     def within_noise(self, key: str, index: int) -> bool: ...

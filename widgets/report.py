@@ -16,7 +16,7 @@ data shown through ``StringFormatter`` cells and ``@field`` hover values, which 
 as text; every bit of HTML we write ourselves passes ``html.escape``.
 
 The run is a ``kvscope.Run`` (``RecordedRun`` says what is read of it). This module never imports
-``kvscope.runs.run``: ``Run.save_html`` / ``Run.show`` import this one, and imports go one way.
+``kvscope.runs.result.run``: ``Run.save_html`` / ``Run.show`` import this one, and imports go one way.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ REFRESH_CHOICES = (1.0, 2.0, 5.0, 10.0)  # updates per second offered by the con
 
 
 class Control(Protocol):
-    """What the buttons drive (``kvscope.runs.live.LiveRun`` implements it)."""
+    """What the buttons drive (``kvscope.runs.background.live.LiveRun`` implements it)."""
 
     @property
     def done(self) -> bool: ...

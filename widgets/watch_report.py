@@ -1,7 +1,7 @@
 """A watched vLLM run, shown again: one standalone HTML file (``save_html``: the watch panels filled from
 the whole run, BokehJS inlined so it opens offline) or in a notebook (``show``). What
 ``WatchedRun.save_html`` / ``WatchedRun.show`` call (a run with ``meta["watch"]``); like ``report.py`` it
-never imports ``kvscope.runs.run``. The panels and their rows are ``panels.registry.WATCH_PANELS``.
+never imports ``kvscope.runs.result.run``. The panels and their rows are ``panels.registry.WATCH_PANELS``.
 
 The header says which numbers are exact (counters, KV events), which are estimated (percentiles from
 histogram buckets) and what cannot be known from outside (block ids, token-level fill, fragmentation).

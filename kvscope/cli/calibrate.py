@@ -21,7 +21,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from kvscope.runs.run import load
+    from kvscope.runs.result.run import load
     from kvscope.sim.calibrate import describe_fit, fit_step_model
 
     output = check_output(str(args.output), "step model", "-o", inputs=[Path(args.run)], label="the run")

@@ -47,7 +47,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     csv = check_output(args.csv, "CSV", "--csv", inputs) if args.csv else None
     if csv is not None:
         different(output, csv)
-    from kvscope.runs.comparison import compare
+    from kvscope.runs.result.comparison import compare
 
     with stop_signals():
         try:

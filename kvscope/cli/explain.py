@@ -103,7 +103,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _load(path: str):
-    from kvscope.runs.run import load
+    from kvscope.runs.result.run import load
 
     try:
         run = load(path)
@@ -135,13 +135,13 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
     """The prompts' token ids: a run's recorded prompts, or the file's lines tokenized as vLLM and kvscope
     tokenize a completion prompt (``add_special_tokens=True``)."""
     if args.run:
-        from kvscope.runs.replay import replay_workload
+        from kvscope.runs.workload.recorded import replay_workload
 
         try:
             return [list(item.prompt) for item in replay_workload(_load(args.run))]
         except ValueError as exc:
             raise CLIError(str(exc)) from None
-    from kvscope.runs.workload import read_prompts
+    from kvscope.runs.workload.items import read_prompts
 
     try:
         lines = read_prompts(args.prompts)

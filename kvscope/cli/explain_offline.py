@@ -39,7 +39,7 @@ def simulate_prompts(
     request cannot fit the pool or the model is unknown)."""
     from kvscope.engine.config import EngineConfig
     from kvscope.engine.request import SamplingParams
-    from kvscope.runs.run import Run
+    from kvscope.runs.result.run import Run
     from kvscope.sim.build import simulated_engine
     from kvscope.sim.shape import resolve_shape
 

@@ -56,7 +56,7 @@ def ui_root() -> Path:
 def trace_bytes(path: str | os.PathLike) -> bytes:
     """The Chrome-JSON trace of a kvscope trace or metrics file, rebuilt from the run it holds (so a
     damaged or foreign file is refused with a ``ValueError`` naming it, before anything is served)."""
-    from kvscope.runs.run import Run
+    from kvscope.runs.result.run import Run
     from kvscope.telemetry.export import build_trace
 
     run = Run.load(Path(path).expanduser())

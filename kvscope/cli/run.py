@@ -22,8 +22,8 @@ from kvscope.cli.parser import CLIError
 from kvscope.cli.paths import check_output, output_folder
 from kvscope.cli.signals import signal_number, stop_signals, wait_until_done
 from kvscope.options.run import CLI, OptionError, add_run_options
-from kvscope.runs.spec import OUTPUT_KINDS, OutputSpec, RunSpec
-from kvscope.runs.status import RunStatus
+from kvscope.runs.background.status import RunStatus
+from kvscope.runs.setup.spec import OUTPUT_KINDS, OutputSpec, RunSpec
 from kvscope.utils.units import fmt_bytes
 
 EPILOG_RUN = """\
@@ -67,7 +67,7 @@ def output_spec(args: argparse.Namespace, paths: dict[str, Path]) -> OutputSpec:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kvscope.runs.setup import prepare  # here: it brings torch, which a usage error does not need
+    from kvscope.runs.setup.prepare import prepare  # here: it brings torch, which a usage error does not need
 
     spec = RunSpec.from_args(args, outputs=output_spec(args, output_paths(args, "kvscope-run")))
     try:
@@ -84,7 +84,7 @@ def execute(setup, *, title: str, quiet: bool, watch=None) -> int:
     SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
     boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129).
     ``watch(run, quiet)`` follows the run from this thread (default: a bar of output tokens)."""
-    from kvscope.runs.live import LiveRun
+    from kvscope.runs.background.live import LiveRun
 
     if not quiet:
         for note in setup.notes:  # lines of --prompts skipped, ...

@@ -16,8 +16,8 @@ from kvscope.cli.parser import CLIError
 from kvscope.cli.run import execute, output_paths, output_spec
 from kvscope.options.run import CLI, OptionError, add_run_options
 from kvscope.options.simulate import add_simulate_options, simulate_fields
-from kvscope.runs.spec import RunSpec
-from kvscope.runs.status import RunStatus
+from kvscope.runs.background.status import RunStatus
+from kvscope.runs.setup.spec import RunSpec
 
 EPILOG = """\
 examples:
@@ -41,7 +41,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from kvscope.runs.simulate import SimSpec, prepare_simulation
+    from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
 
     spec = RunSpec.from_args(args, outputs=output_spec(args, output_paths(args, "kvscope-sim")))
     sim = SimSpec(**simulate_fields(args))

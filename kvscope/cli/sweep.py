@@ -1,4 +1,4 @@
-"""``kvscope sweep``: the same seeded workload once per value of one run option (``kvscope.runs.sweep``), a line
+"""``kvscope sweep``: the same seeded workload once per value of one run option (``kvscope.runs.background.sweep``), a line
 per run as it ends, then the comparison page and its CSV (``kvscope.cli.compare.write_comparison``).
 
 SIGINT (Ctrl-C), SIGTERM and SIGHUP stop a sweep alike, as ``kvscope run``: the run going is stopped, the
@@ -55,8 +55,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                       {"-o": output, "--csv": csv})
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    from kvscope.runs.comparison import Comparison
-    from kvscope.runs.sweep import Sweep, plan_from_args  # here: they bring torch
+    from kvscope.runs.background.sweep import Sweep, plan_from_args  # here: they bring torch
+    from kvscope.runs.result.comparison import Comparison
 
     try:
         plan = plan_from_args(args)

@@ -47,7 +47,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         check_outputs({"the trace": source}, {"-o": output})
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    from kvscope.runs.run import load
+    from kvscope.runs.result.run import load
 
     try:
         run = load(source)

@@ -42,8 +42,8 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from kvscope.runs.status import Outputs
-    from kvscope.runs.watch_run import WatchRun
+    from kvscope.runs.background.status import Outputs
+    from kvscope.runs.background.watch import WatchRun
 
     outputs = {"--trace": args.trace, "--metrics": args.metrics, "--html": args.html}
     try:

@@ -19,9 +19,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from kvscope.magic.base import HelpShown, MagicParser, launch
 from kvscope.options.run import MAGIC, OptionError, add_run_options
-from kvscope.runs.live import LiveRun
-from kvscope.runs.setup import prepare
-from kvscope.runs.spec import RunSpec
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.setup.prepare import prepare
+from kvscope.runs.setup.spec import RunSpec
 
 DESCRIPTION = """\
 Run a model on the kvscope engine in the background and watch it live.

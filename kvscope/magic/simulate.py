@@ -10,9 +10,9 @@ from IPython.core.error import UsageError
 from kvscope.magic.base import HelpShown, MagicParser, launch
 from kvscope.options.run import MAGIC, OptionError, add_run_options
 from kvscope.options.simulate import add_simulate_options, simulate_fields
-from kvscope.runs.live import LiveRun
-from kvscope.runs.simulate import SimSpec, prepare_simulation
-from kvscope.runs.spec import RunSpec
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
+from kvscope.runs.setup.spec import RunSpec
 
 DESCRIPTION = """\
 Simulate a run live: kvscope's own scheduler and KV cache on a virtual clock, the model replaced by a

@@ -1,4 +1,4 @@
-"""``%kvscope sweep ...``: a sweep from a notebook cell (``kvscope.runs.sweep``), shown live.
+"""``%kvscope sweep ...``: a sweep from a notebook cell (``kvscope.runs.background.sweep``), shown live.
 
 The line takes the options of ``kvscope sweep`` (one run option given a comma-separated list) plus the
 notebook's own: ``--html`` / ``--csv`` (files written when the sweep ends), ``--wait``, ``-q`` and ``-o``
@@ -15,7 +15,7 @@ from kvscope.magic.base import HelpShown, MagicParser
 from kvscope.options.run import MAGIC, OptionError, out_path
 from kvscope.options.simulate import add_simulate_options
 from kvscope.options.sweep import add_sweep_options
-from kvscope.runs.sweep import Sweep, plan_from_args
+from kvscope.runs.background.sweep import Sweep, plan_from_args
 
 DESCRIPTION = """\
 Run the same seeded workload once per value of one run option and compare the runs, live. Every

@@ -14,8 +14,8 @@ from IPython.core.error import UsageError
 
 from kvscope.magic.base import HelpShown, MagicParser
 from kvscope.options.watch import add_watch_options, watch_kwargs
-from kvscope.runs.status import Outputs
-from kvscope.runs.watch_run import WatchRun
+from kvscope.runs.background.status import Outputs
+from kvscope.runs.background.watch import WatchRun
 from kvscope.utils.files import check_outputs
 
 DESCRIPTION = """\

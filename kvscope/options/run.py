@@ -6,7 +6,7 @@ refuse a bad value with the same line. Everything here refuses with ``OptionErro
 turns it into ``CLIError`` (exit 2) and the magic into IPython's ``UsageError``.
 
 Standard library only (``kvscope --help`` and ``%kvscope?`` load no torch). The value parsers are in
-``values.py`` (and importable from here); ``kvscope.runs.spec.RunSpec.from_args`` turns the parsed options
+``values.py`` (and importable from here); ``kvscope.runs.setup.spec.RunSpec.from_args`` turns the parsed options
 into the run's one typed spec.
 """
 

@@ -8,9 +8,6 @@ import argparse
 from kvscope.options.parser import OptionError
 from kvscope.options.values import out_path, probability
 
-KV_BANDWIDTH_GB_PER_S = 25.0  # --pd: a 200 Gb/s RDMA NIC between two machines (kvscope.runs.pd_sim.SimLink)
-KV_LATENCY_S = 0.0001  # --pd: 100 us per transfer (setup and completion notice)
-
 GPU_NAMES = "a100-40gb, a100-80gb, h100, h100-pcie, h200, l4, a10g, rtx-4090, mi300x"
 
 
@@ -32,16 +29,16 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
                      "accepted with probability P, until the first rejection (measured: a run's spec_acceptance_rate "
                      "is the share of draft tokens accepted)")
     sim.add_argument("--kv-bandwidth", type=bandwidth, metavar="GB/S", help="with --pd: the KV transfer "
-                     f"bandwidth between instances in GB/s (10^9 bytes/s; default {KV_BANDWIDTH_GB_PER_S:g}, a "
-                     "200 Gb/s NIC; NVLink is ~450)")
+                     "bandwidth between instances in GB/s (10^9 bytes/s; default 25, a 200 Gb/s NIC; NVLink "
+                     "is ~450: kvscope.pd.sim_engine.SimLink's default)")
     sim.add_argument("--kv-latency", type=latency, metavar="SECONDS", help="with --pd: fixed time added to "
-                     f"every KV transfer (default {KV_LATENCY_S:g} s)")
+                     "every KV transfer (default 0.0001 s: SimLink's)")
     sim.add_argument("--static", action="store_true", help="static reservation instead of paging: each running "
                      "request holds max_model_len slots, so fewer run at once")
 
 
 def simulate_fields(args: argparse.Namespace) -> dict:
-    """``SimSpec``'s fields from parsed options (``kvscope.runs.simulate.SimSpec(**simulate_fields(args))``)."""
+    """``SimSpec``'s fields from parsed options (``kvscope.runs.setup.simulated.SimSpec(**simulate_fields(args))``)."""
     return {"step_model": args.step_model, "gpu": args.gpu, "replay": str(args.replay) if args.replay else None,
             "dtype": args.dtype, "static": args.static, "acceptance_rate": args.acceptance_rate,
             "kv_bandwidth": args.kv_bandwidth, "kv_latency": args.kv_latency}

@@ -1,7 +1,7 @@
 """A prompt's KV blocks as a hand-over sees them, on any ``BlockPool`` (no process, no tensors): which full
 blocks an instance holds in its prefix cache, and caching the blocks that arrived under their hashes.
 Both P/D engines move blocks with these: the process instances (``kvscope.pd.instance``) and the simulated
-ones (``kvscope.runs.pd_sim``)."""
+ones (``kvscope.pd.sim_engine``)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class Router:
     """``step`` and what it needs; ``PDEngine`` holds the state (``instances``, ``requests``, ``load``,
     ``handovers``, ``outbox``, ``transfers``, ``done``, ``kv_transfer_config``, ``recorder``, ``clock``).
     ``_pick``, ``_route``, ``_finish`` and ``_fail`` know nothing of processes: the simulated P/D engine
-    (``kvscope.runs.pd_sim``) routes with them too."""
+    (``kvscope.pd.sim_engine``) routes with them too."""
 
     def _pick(self, role: str) -> InstanceProcess | None:
         live = [i for i in self.instances.values() if i.role == role and i.alive]

@@ -1,5 +1,4 @@
-"""Runs: a ``Run`` (records, events and metadata as DataFrames, a summary, exports; ``load``), comparisons,
-and the runs that fill in while you watch, all on one lifecycle (``lifecycle.py``): ``LiveRun`` (the engine
-on a background thread), ``WatchRun`` (vLLM servers watched from outside) and ``Sweep``. Also the workload
-(synthetic requests, prompt files), the run setup (a run spec -> engine config, sampling, workload) and the
-demo's choices."""
+"""Runs, one folder per idea: ``result/`` (a run's data: ``Run``, ``load``, comparisons), ``background/`` (the
+runs that fill in on a thread: ``LiveRun``, ``WatchRun``, ``Sweep``), ``setup/`` (a run spec -> engine config,
+sampling, workload; simulated or real) and ``workload/`` (synthetic requests, prompt files, a recorded run's
+requests, the demo's)."""

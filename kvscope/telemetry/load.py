@@ -163,7 +163,7 @@ def _checked_meta(meta: Any) -> dict[str, Any]:
     if texts is not None and not (
         isinstance(texts, dict)
         and all(isinstance(t, dict) and all(v is None or isinstance(v, str) for v in t.values())
-                for t in texts.values())  # None: a token-id prompt (kvscope/runs/live.py writes it so)
+                for t in texts.values())  # None: a token-id prompt (kvscope/runs/background/live.py writes it so)
     ):
         raise TypeError("meta texts should map request ids to {prompt, output} strings")
     return meta

@@ -7,9 +7,9 @@
 - ``source``: all of it turned into kvscope records and the ``meta["watch"]`` description;
 - ``summary``: what that description adds up to (standard library only).
 
-This package emits plain records and never imports the engine, the widgets, ``kvscope.runs.run`` or the
-faces; ``kvscope.runs.watch_run.WatchRun`` (the live layer) drives it. The package is also callable:
-``kvscope.watch(urls, ...)`` is ``kvscope.runs.watch_run.watch`` (imported on the call, by name, as
+This package emits plain records and never imports the engine, the widgets, ``kvscope.runs.result.run`` or the
+faces; ``kvscope.runs.background.watch.WatchRun`` (the live layer) drives it. The package is also callable:
+``kvscope.watch(urls, ...)`` is ``kvscope.runs.background.watch.watch`` (imported on the call, by name, as
 ``kvscope/__init__`` imports its lazy exports), so the package and the function share one name.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 class _CallableModule(types.ModuleType):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``kvscope.watch(urls, ...)``: see ``kvscope.runs.watch_run.watch``."""
-        return import_module("kvscope.runs.watch_run").watch(*args, **kwargs)
+        """``kvscope.watch(urls, ...)``: see ``kvscope.runs.background.watch.watch``."""
+        return import_module("kvscope.runs.background.watch").watch(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -8,7 +8,7 @@ import pytest
 from kvscope import Engine, SamplingParams
 from kvscope.cli.main import main
 from kvscope.explain.report import read_explain
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 BS = 4
 

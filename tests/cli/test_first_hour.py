@@ -73,7 +73,7 @@ def test_the_progress_bar_counts_requests_whose_total_never_changes(monkeypatch)
     import tqdm.auto
 
     from kvscope.cli import run as cli_run
-    from kvscope.runs.status import RunStatus
+    from kvscope.runs.background.status import RunStatus
 
     bars = []
 

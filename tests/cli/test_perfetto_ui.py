@@ -18,7 +18,7 @@ import pytest
 
 from kvscope import Engine, SamplingParams
 from kvscope.cli.perfetto_ui import PerfettoServer, serve, trace_bytes, ui_root
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 

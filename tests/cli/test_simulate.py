@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvscope.runs.run import load
+from kvscope.runs.result.run import load
 
 
 def kvscope(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -9,9 +9,9 @@ from kvscope.engine.engine import Engine
 from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import SamplingParams
 from kvscope.models.loader import smollm2_path
-from kvscope.runs.live import LiveRun
-from kvscope.runs.setup import prepare
-from kvscope.runs.spec import RunSpec, WorkloadSpec
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.setup.prepare import prepare
+from kvscope.runs.setup.spec import RunSpec, WorkloadSpec
 
 GREEDY = SamplingParams(max_tokens=12)
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<s>assistant:"

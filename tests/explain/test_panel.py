@@ -7,7 +7,7 @@ import pytest
 
 from kvscope import Engine, SamplingParams
 from kvscope.explain.waits import queue_times
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.records import RequestEvent
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.prefix_misses import KINDS, PrefixMissesPanel

@@ -9,7 +9,7 @@ import pytest
 import kvscope
 from kvscope import Engine, SamplingParams
 from kvscope.explain.prefix import prefix_misses
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.records import KVState, RequestEvent, ScheduledItem, StepRecord
 
 BS = 4

@@ -8,7 +8,7 @@ import pytest
 
 from kvscope import Engine, SamplingParams
 from kvscope.explain.slow import format_slow, slow_steps
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 
 @pytest.fixture(scope="module")

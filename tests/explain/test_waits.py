@@ -8,7 +8,7 @@ import pytest
 import kvscope
 from kvscope import Engine, SamplingParams
 from kvscope.explain.waits import queue_rows, queue_times, queue_totals
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 BS = 4
 

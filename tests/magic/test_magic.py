@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import kvscope
-from kvscope.runs.live import LiveRun
+from kvscope.runs.background.live import LiveRun
 
 torch.set_num_threads(1)  # a shared 2-core machine: no spinning intra-op threads
 pytestmark = pytest.mark.timeout(120)

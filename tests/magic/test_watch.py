@@ -14,7 +14,7 @@ from IPython.utils.capture import capture_output
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
 from fakes import FakeServer, free_port
 
-from kvscope.runs.status import RunStatus
+from kvscope.runs.background.status import RunStatus
 
 
 def test_help_lists_the_options(ip, capsys):

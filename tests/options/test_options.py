@@ -255,12 +255,12 @@ def reachable(module: str) -> set[str]:
     return seen
 
 
-CLI_SIDE = {"kvscope.cli.main", "kvscope.cli.parser", "kvscope.cli.run", "kvscope.runs.demo", "kvscope.__main__"}
+CLI_SIDE = {"kvscope.cli.main", "kvscope.cli.parser", "kvscope.cli.run", "kvscope.runs.workload.demo", "kvscope.__main__"}
 
 
 def test_the_chain_finder_follows_imports_inside_functions():
-    assert "kvscope.runs.setup" in kvscope_imports("kvscope.cli.run")  # only inside cmd_run
-    assert {"kvscope.runs.setup", "kvscope.options.run", "kvscope.engine.config"} <= reachable("kvscope.magic.run")
+    assert "kvscope.runs.setup.prepare" in kvscope_imports("kvscope.cli.run")  # only inside cmd_run
+    assert {"kvscope.runs.setup.prepare", "kvscope.options.run", "kvscope.engine.config"} <= reachable("kvscope.magic.run")
 
 
 @pytest.mark.parametrize("module", sorted(CLI_SIDE))
@@ -268,7 +268,7 @@ def test_the_cli_does_not_import_the_magic(module):
     assert "kvscope.magic.run" not in reachable(module)
 
 
-@pytest.mark.parametrize("module", ["kvscope.magic.run", "kvscope.options.run", "kvscope.runs.setup"])
+@pytest.mark.parametrize("module", ["kvscope.magic.run", "kvscope.options.run", "kvscope.runs.setup.prepare"])
 def test_the_magic_and_the_shared_modules_do_not_import_the_cli(module):
     assert not reachable(module) & CLI_SIDE
     if module != "kvscope.magic.run":

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from reliability_util import FIGURES, reference_tokens, workload
 
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.workload.items import WorkItem
 
 torch.set_num_threads(1)  # a shared 2-core machine: no spinning intra-op threads
 

@@ -17,9 +17,9 @@ from torch.utils.hooks import RemovableHandle
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.runs.live import LiveRun
-from kvscope.runs.run import Run
-from kvscope.runs.workload import WorkItem, synthetic_workload
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.result.run import Run
+from kvscope.runs.workload.items import WorkItem, synthetic_workload
 
 # What the reliability tests tried, printed at the end of the run (conftest.pytest_terminal_summary)
 FIGURES: Counter = Counter()

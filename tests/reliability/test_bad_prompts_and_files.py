@@ -20,7 +20,7 @@ from reliability_util import FIGURES, assert_every_request_ended, assert_files_v
 import kvscope
 from kvscope import Engine, SamplingParams
 from kvscope.cli.main import main
-from kvscope.runs.live import LiveRun, Outputs
+from kvscope.runs.background.live import LiveRun, Outputs
 
 pytestmark = pytest.mark.timeout(120)
 LONG = "tell me about paged attention " * 12  # about 100 tokens of the tiny tokenizer

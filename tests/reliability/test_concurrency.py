@@ -19,8 +19,8 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.runs.live import LiveRun
-from kvscope.runs.run import Run
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.result.run import Run
 
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 4

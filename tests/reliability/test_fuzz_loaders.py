@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.runs.run import Run
-from kvscope.runs.workload import read_prompts
+from kvscope.runs.result.run import Run
+from kvscope.runs.workload.items import read_prompts
 from kvscope.telemetry import load as loader
 from kvscope.utils.host import AvailableMemory
 

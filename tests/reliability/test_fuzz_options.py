@@ -18,7 +18,7 @@ from kvscope.cli.parser import CLIError
 from kvscope.magic.run import build_parser as build_magic_parser
 from kvscope.options import run as options
 from kvscope.options.run import INT64_MAX, MAX_REQUESTS, MAX_STEP_DELAY, MAX_TOKENS, SEED_MAX, OptionError
-from kvscope.runs.workload import read_prompt_lines
+from kvscope.runs.workload.items import read_prompt_lines
 
 COUNTS = {"option values": 0, "command lines": 0, "prompts texts": 0}
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

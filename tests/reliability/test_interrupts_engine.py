@@ -14,7 +14,7 @@ from reliability_util import (
     tiny_engine,
 )
 
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.records import StepRecord
 
 PROMPTS = [[5 + i, 40 + i, 80 + i, 120 + i] * (3 + i) for i in range(5)]

@@ -26,7 +26,7 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.runs.live import LiveRun, Outputs, RunStatus
+from kvscope.runs.background.live import LiveRun, Outputs, RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 

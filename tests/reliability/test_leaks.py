@@ -14,7 +14,7 @@ import pytest
 from reliability_util import FIGURES, workload
 
 from kvscope import Engine
-from kvscope.runs.live import LiveRun
+from kvscope.runs.background.live import LiveRun
 
 pytestmark = pytest.mark.timeout(300)
 BLOCK_SIZE, NUM_BLOCKS = 256, 384  # the tiny model's KV: 128 KiB a block, a 48 MiB pool

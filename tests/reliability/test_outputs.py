@@ -19,7 +19,7 @@ from reliability_util import FIGURES
 import kvscope
 from kvscope import Engine, SamplingParams
 from kvscope.cli.main import main
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 pytestmark = pytest.mark.timeout(120)
 PROMPTS = "Hello there\nWhat is a KV cache?\n"

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from reliability_util import FIGURES, assert_engine_clean, params, reference_tokens, tiny_engine, workload
 
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 pytestmark = pytest.mark.timeout(120)
 

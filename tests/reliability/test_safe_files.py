@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from reliability_util import FIGURES, assert_files_valid, tiny_engine, workload
 
-from kvscope.runs.live import LiveRun, Outputs
+from kvscope.runs.background.live import LiveRun, Outputs
 from kvscope.utils import files as kvscope_files
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,7 +28,7 @@ ALLOWED = {
     ("kvscope/utils/files.py", "_create_temp"): "atomic_write's temp file (and unwritable's probe, removed at once)",
     ("kvscope/telemetry/profiler.py", "_kineto_events"): "torch's own trace, to a private temp file, removed",
     ("kvscope/cli/main.py", "main"): "stdout onto /dev/null when a pipe reader left",
-    ("kvscope/runs/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
+    ("kvscope/runs/result/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
     ("kvscope/watch/plugin.py", "__init__"): "the plugin's step log: O_APPEND lines that a watcher tails as "
                                              "they come (a log, never rewritten, so nothing to replace atomically)",
     ("kvscope/watch/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",

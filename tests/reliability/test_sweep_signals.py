@@ -64,7 +64,7 @@ def test_compare_says_why_it_stopped(monkeypatch, tmp_path, capsys):
 
     def stopped(*args, **kwargs):
         raise StopSignal(signal.SIGTERM)
-    monkeypatch.setattr("kvscope.runs.comparison.compare", stopped)
+    monkeypatch.setattr("kvscope.runs.result.comparison.compare", stopped)
     assert main(["compare", str(trace), str(trace), "-o", str(tmp_path / "c.html")]) == 143
     err = capsys.readouterr().err
     assert "SIGTERM: compare stopped" in err and not (tmp_path / "c.html").exists()

@@ -19,7 +19,7 @@ from reliability_util import (
     workload,
 )
 
-from kvscope.runs.live import LiveRun, RunStatus
+from kvscope.runs.background.live import LiveRun, RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 SMALL = "--requests 3 --prompt-len 8-24 --output-len 30 --num-blocks 64 --step-delay 0.01"

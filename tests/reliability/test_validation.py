@@ -17,8 +17,8 @@ from kvscope import Engine, EngineConfig, SamplingParams
 from kvscope.engine.request import TEMPERATURE_FLOOR
 from kvscope.engine.worker.sampler import sample
 from kvscope.models.folder import check_model_folder
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.workload.items import WorkItem
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = [5, 40, 80, 120, 7, 9]

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "wat
 from fakes import FakePublisher, FakeServer, free_port, render, stored
 
 import kvscope
-from kvscope.runs.status import Outputs
-from kvscope.runs.watch_run import WatchRun
+from kvscope.runs.background.status import Outputs
+from kvscope.runs.background.watch import WatchRun
 
 __all__ = ["FakePublisher", "FakeServer", "HostileServer", "free_port", "render", "stored"]
 Respond = Callable[[http.server.BaseHTTPRequestHandler], None]
@@ -134,7 +134,7 @@ def rss_mib() -> float:
 
 def saved_watch(folder: Path) -> Path:
     """The trace of a small watch (one engine, a page and a few KV events), made without a server."""
-    from kvscope.runs.run import Run
+    from kvscope.runs.result.run import Run
     from kvscope.watch.events import EventBatch, parse_event
     from kvscope.watch.metrics import parse
     from kvscope.watch.source import WatchSource

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "wat
 
 from fakes import EngineMetrics, render
 
-from kvscope.runs.run import RunBuffer
+from kvscope.runs.result.run import RunBuffer
 from kvscope.watch.events import BlockStored, EventBatch
 from kvscope.watch.limits import MAX_RECORDS
 from kvscope.watch.metrics import parse

@@ -7,10 +7,10 @@ import pytest
 
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.engine import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.replay import replay_workload
-from kvscope.runs.run import Run, load
-from kvscope.runs.workload import synthetic_workload, with_arrivals
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.result.run import Run, load
+from kvscope.runs.workload.items import synthetic_workload, with_arrivals
+from kvscope.runs.workload.recorded import replay_workload
 from kvscope.sim.build import simulated_engine
 from kvscope.sim.calibrate import fit_step_model
 from kvscope.sim.shape import resolve_shape, shape_of_run
@@ -67,8 +67,8 @@ def test_replay_reproduces_the_real_schedule(calibration_run, case, tmp_path):
 def test_same_options_submit_the_same_requests(calibration_run):
     """Without a replay: the synthetic workload made from the simulated engine (its vocabulary and special
     tokens, from the tiny config and tokenizer alone) is the real engine's, so the schedules match."""
-    from kvscope.runs.setup import prepare
-    from kvscope.runs.spec import EngineSpec, RunSpec, WorkloadSpec
+    from kvscope.runs.setup.prepare import prepare
+    from kvscope.runs.setup.spec import EngineSpec, RunSpec, WorkloadSpec
 
     spec = RunSpec(workload=WorkloadSpec(requests=30, prompt_len=(16, 96), output_len=(8, 24), shared_prefix=32),
                    engine=EngineSpec(num_blocks=48, max_num_seqs=10, max_num_batched_tokens=256))

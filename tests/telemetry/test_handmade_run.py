@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import kvscope
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import (
     BatchSummary,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvscope.engine.engine import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.workload.items import synthetic_workload
 from kvscope.telemetry.summary_stream import SummaryStream, counted_percentile
 
 
@@ -46,7 +46,7 @@ def test_stream_equals_the_end_summary_with_preemptions_and_hits():
 def test_a_run_past_the_ring_keeps_its_exact_summary(tmp_path):
     """A ring of 20 steps: the run's records are its last window, its summary still counts every request,
     and the files load back with it."""
-    from kvscope.runs.run import load
+    from kvscope.runs.result.run import load
 
     engine = Engine("tiny", num_blocks=64, max_num_seqs=4)
     engine.recorder.capacity = 20

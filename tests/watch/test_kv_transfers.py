@@ -13,9 +13,9 @@ import pytest
 from fakes import EngineMetrics, FakeServer, NixlMetrics, OffloadMetrics, render, stored
 
 import kvscope
-from kvscope.runs.run import Run
-from kvscope.runs.status import Outputs
-from kvscope.runs.watch_run import WatchRun
+from kvscope.runs.background.status import Outputs
+from kvscope.runs.background.watch import WatchRun
+from kvscope.runs.result.run import Run
 from kvscope.watch import kv_transfer as kvt
 from kvscope.watch.events import EventBatch, parse_event
 from kvscope.watch.limits import MAX_COUNTERS, MAX_HISTOGRAMS

@@ -51,7 +51,7 @@ def lines(path: Path) -> list[dict]:
 def test_importing_the_plugin_pulls_nothing_heavy():
     code = ("import sys, kvscope.watch.plugin\n"
             "heavy = ('torch', 'numpy', 'pandas', 'transformers', 'vllm', 'zmq', 'prometheus_client', 'bokeh',\n"
-            "         'kvscope.engine.engine', 'kvscope.telemetry', 'kvscope.runs.run')\n"
+            "         'kvscope.engine.engine', 'kvscope.telemetry', 'kvscope.runs.result.run')\n"
             "print(sorted(m for m in heavy if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

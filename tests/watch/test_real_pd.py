@@ -23,8 +23,8 @@ import pytest
 from real_vllm_util import prompt, serve
 
 import kvscope
-from kvscope.runs.status import Outputs
-from kvscope.runs.watch_run import WatchRun
+from kvscope.runs.background.status import Outputs
+from kvscope.runs.background.watch import WatchRun
 from kvscope.watch import kv_transfer as kvt
 from kvscope.watch.metrics import parse
 from kvscope.watch.vllm_demo import PREPARE, REPO, TINY_LLAMA, nixl_config, pd_complete

@@ -23,7 +23,7 @@ import pytest
 from real_vllm_util import prompt, serve
 
 import kvscope
-from kvscope.runs.status import RunStatus
+from kvscope.runs.background.status import RunStatus
 from kvscope.watch.metrics import parse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -116,7 +116,7 @@ def test_a_damaged_description_in_a_file_is_refused_on_load(mutate, tmp_path):
     import json
 
     import kvscope
-    from kvscope.runs.run import Run
+    from kvscope.runs.result.run import Run
     from kvscope.watch.summary import check_watch
 
     src = two_servers()

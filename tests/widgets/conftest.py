@@ -64,8 +64,8 @@ def finished_run():
     """A finished ``LiveRun`` of the tiny model: text prompts (two of them hostile HTML), a shared
     system prompt (prefix caching), a pool small enough to preempt."""
     from kvscope import Engine, SamplingParams
-    from kvscope.runs.live import LiveRun
-    from kvscope.runs.workload import prompts_workload
+    from kvscope.runs.background.live import LiveRun
+    from kvscope.runs.workload.items import prompts_workload
 
     system = "You are a helpful assistant. Answer in one short sentence. " * 2
     prompts = XSS_PROMPTS + [system + q for q in ("What is a KV cache?", "Why page it?", "What is TTFT?",

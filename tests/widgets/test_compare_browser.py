@@ -15,9 +15,9 @@ from bokeh.plotting import figure
 from widget_util import COUNT_CANVASES_JS, COUNT_VIEWS_JS
 
 from kvscope import Engine
-from kvscope.runs.comparison import compare
-from kvscope.runs.run import Run
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.result.comparison import compare
+from kvscope.runs.result.run import Run
+from kvscope.runs.workload.items import synthetic_workload
 from kvscope.widgets.compare import build_comparison
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from kvscope import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.workload.items import synthetic_workload
 from kvscope.widgets.report import Replay
 from kvscope.widgets.transport import Pacer, ViewGate, parse_ack
 

@@ -14,8 +14,8 @@ from bokeh.models import Div, Legend
 from bokeh.plotting import figure
 
 from kvscope import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.workload.items import synthetic_workload
 from kvscope.widgets.feed import Feed
 from kvscope.widgets.panels.latency import OVERFLOW_COLOR, histogram, overflow_cap
 from kvscope.widgets.panels.memory import MemoryPanel

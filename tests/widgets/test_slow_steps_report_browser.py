@@ -20,8 +20,8 @@ SCROLL_TO_JS = """(title) => [...Bokeh.index.all_views()]
 def captured_report(tmp_path_factory):
     """A tiny-model run whose 40th forward sleeps 150 ms, with ``--capture-slow 3``; its report."""
     from kvscope import Engine
-    from kvscope.runs.live import LiveRun
-    from kvscope.runs.workload import synthetic_workload
+    from kvscope.runs.background.live import LiveRun
+    from kvscope.runs.workload.items import synthetic_workload
 
     engine = Engine("tiny", num_blocks=64)
     forward, calls = engine.runner.forward, [0]

@@ -66,8 +66,8 @@ def test_a_live_speculative_run_fills_the_panels_and_a_loaded_one_replays_them(t
     """LiveRun's headless dashboard on the tiny model with prompt lookup, then the replay of its trace."""
     import kvscope
     from kvscope import Engine
-    from kvscope.runs.live import LiveRun
-    from kvscope.runs.workload import synthetic_workload
+    from kvscope.runs.background.live import LiveRun
+    from kvscope.runs.workload.items import synthetic_workload
     from kvscope.widgets.report import Replay
 
     engine = Engine("tiny", num_blocks=64, block_size=4, max_num_seqs=4, speculative_config={

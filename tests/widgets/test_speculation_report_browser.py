@@ -20,7 +20,7 @@ def spec_run():
     from kvscope import Engine, SamplingParams
     from kvscope.engine.spec_decode.draft_model import early_exit_draft
     from kvscope.models.loader import build_tiny_model, build_tiny_tokenizer
-    from kvscope.runs.run import Run
+    from kvscope.runs.result.run import Run
 
     target = build_tiny_model("llama")
     engine = Engine(target, tokenizer=build_tiny_tokenizer(), block_size=4, num_blocks=96, speculative_config={

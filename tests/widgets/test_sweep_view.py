@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 
 from kvscope.options.sweep import Values
-from kvscope.runs.sweep import Sweep, default_args, plan_from_args
+from kvscope.runs.background.sweep import Sweep, default_args, plan_from_args
 from kvscope.widgets.sweep_view import SweepView
 
 

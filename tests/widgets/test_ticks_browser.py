@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 from widget_util import COUNT_VIEWS_JS
 
-from kvscope.runs.comparison import compare
-from kvscope.runs.run import Run
+from kvscope.runs.result.comparison import compare
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import BatchSummary, ScheduledItem, SchedulerStats, StepTimings
 

@@ -8,7 +8,7 @@ from bokeh.models import GroupFilter, Legend
 
 from kvscope import Engine, SamplingParams
 from kvscope.explain.waits import queue_times
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels.timeline import QUEUE_STATES, STATES, TimelinePanel
 from kvscope.widgets.panels.wait_styles import QUEUE_COLORS, QUEUE_LABELS

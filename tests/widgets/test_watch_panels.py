@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
 from fakes import EngineMetrics, removed, render, stored
 
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.watch.events import EventBatch, parse_event
 from kvscope.watch.metrics import parse
 from kvscope.watch.source import WatchSource

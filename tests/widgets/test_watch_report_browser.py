@@ -7,7 +7,7 @@ import pytest
 from test_watch_panels import Fleet, stored  # (it puts tests/watch, the fakes' folder, on the path)
 from widget_util import COUNT_VIEWS_JS
 
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 from kvscope.widgets.watch_report import save_html
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]

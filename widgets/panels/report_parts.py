@@ -5,7 +5,7 @@ stands in the panel's row of the report, or ``None`` to leave the panel out of t
 are ``shown`` as they are; the page maps add a replay slider (``replay``).
 
 ``RecordedRun`` says what the report reads of a run (``kvscope.Run`` has all of it): the widgets take any
-object of that shape and never import ``kvscope.runs.run``.
+object of that shape and never import ``kvscope.runs.result.run``.
 """
 
 from __future__ import annotations

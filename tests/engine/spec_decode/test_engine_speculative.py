@@ -9,7 +9,7 @@ from helpers import hf_greedy, random_prompts
 from kvscope import Engine, SamplingParams
 from kvscope.engine.spec_decode.draft_model import early_exit_draft
 from kvscope.models.loader import TINY_ARCHS, build_tiny_model, smollm2_path
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 

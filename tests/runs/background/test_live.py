@@ -9,8 +9,8 @@ import torch
 
 import kvscope
 from kvscope import Engine, SamplingParams
-from kvscope.runs.live import LiveRun, Outputs, RunStatus
-from kvscope.runs.workload import WorkItem, synthetic_workload
+from kvscope.runs.background.live import LiveRun, Outputs, RunStatus
+from kvscope.runs.workload.items import WorkItem, synthetic_workload
 
 torch.set_num_threads(1)  # a shared 2-core machine: no spinning intra-op threads
 pytestmark = pytest.mark.timeout(120)
@@ -172,7 +172,7 @@ def test_a_live_run_has_a_run_whose_lists_never_change_under_it():
 
 
 def test_the_run_buffer_is_bounded_and_hands_out_the_same_run_until_more_arrives():
-    from kvscope.runs.run import RunBuffer
+    from kvscope.runs.result.run import RunBuffer
 
     done = LiveRun(_engine(), _items(2, (10, 10)), dashboard=False).start().wait(timeout=60)
     buffer = RunBuffer({"model": "tiny"}, capacity=4)

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from kvscope.engine.request import SamplingParams
-from kvscope.runs import workload
-from kvscope.runs.workload import (
+from kvscope.runs.workload import items as workload
+from kvscope.runs.workload.items import (
     numbered_prompts,
     parse_range,
     prompts_from_text,
@@ -120,7 +120,7 @@ def test_prompts_from_a_fifo_and_from_stdin(tmp_path):
     writer.start()
     assert read_prompt_lines(fifo) == [(1, "from a pipe"), (3, "second")]
     writer.join(10)
-    code = "from kvscope.runs.workload import read_prompt_lines; print(read_prompt_lines('/dev/stdin'))"
+    code = "from kvscope.runs.workload.items import read_prompt_lines; print(read_prompt_lines('/dev/stdin'))"
     proc = subprocess.run([sys.executable, "-c", code], input="one\ntwo\n", capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[(1, 'one'), (2, 'two')]", proc.stderr
@@ -143,7 +143,7 @@ def test_arrivals_have_the_rate_and_burstiness_asked_for():
     import itertools
     import statistics
 
-    from kvscope.runs.workload import arrival_times
+    from kvscope.runs.workload.items import arrival_times
 
     for cv in (1.0, 3.0):
         times = arrival_times(20_000, rate=50.0, cv=cv, seed=1)
@@ -155,7 +155,7 @@ def test_arrivals_have_the_rate_and_burstiness_asked_for():
 
 
 def test_with_arrivals_keeps_lists_lists_and_iterators_lazy():
-    from kvscope.runs.workload import iter_synthetic_workload, synthetic_workload, with_arrivals
+    from kvscope.runs.workload.items import iter_synthetic_workload, synthetic_workload, with_arrivals
 
     items = synthetic_workload(4, vocab_size=64)
     assert with_arrivals(items, None) is items

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.runs.lifecycle import Lifecycle
-from kvscope.runs.run import Run
+from kvscope.runs.background.lifecycle import Lifecycle
+from kvscope.runs.result.run import Run
 from kvscope.telemetry.records import PageEntry, RequestEvent, StepRecord
 
 
@@ -28,7 +28,7 @@ class Recording(Lifecycle):
     def _file_writers(self) -> dict[str, Callable[[Path], Path]]:
         return {"trace": self.save_trace, "metrics": self.save_metrics, "html": self.save_html}
 
-    # ---- what a Run has, read from ``run`` (see ``kvscope.runs.run.Run``) ----
+    # ---- what a Run has, read from ``run`` (see ``kvscope.runs.result.run.Run``) ----
     @property
     def records(self) -> list[StepRecord]:
         return self.run.records

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from kvscope.engine.request import SamplingParams
-from kvscope.runs.draws import Draws
-from kvscope.runs.workload import iter_synthetic_workload, synthetic_workload
+from kvscope.runs.workload.draws import Draws
+from kvscope.runs.workload.items import iter_synthetic_workload, synthetic_workload
 
 SEEDS = [0, 1, 7, 12345, 2**40 + 3, 2**80, -5, "a seed"]
 

@@ -26,7 +26,7 @@ from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import SamplingParams
 from kvscope.options.values import arrival as check_arrival
 from kvscope.options.values import parse_range  # also importable from here, as the benchmarks do
-from kvscope.runs.draws import Draws
+from kvscope.runs.workload.draws import Draws
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.runs.run import Run
+from kvscope.runs.result.run import Run
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,7 +122,7 @@ class Comparison:
         self.runs = list(runs)
         self.labels = unique_labels([str(s) for s in labels] if labels is not None
                                     else [_name(r, i) for i, r in enumerate(runs)])
-        self.swept = swept  # (option, values): set by kvscope.runs.sweep
+        self.swept = swept  # (option, values): set by kvscope.runs.background.sweep
         self.summaries = [run.summary() for run in self.runs]
         # per run, metric -> (min, max) over its repeats (a sweep's --repeat); empty: one run each, no spread
         self.spreads: list[dict[str, tuple[float, float]]] = []

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from kvscope.runs.status import RunStatus, status_text
+from kvscope.runs.background.status import RunStatus, status_text
 
 L = TypeVar("L", bound="Lifecycle")
 

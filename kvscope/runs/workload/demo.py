@@ -16,9 +16,9 @@ from functools import partial
 
 from kvscope.engine.request import SamplingParams
 from kvscope.options.parser import OptionError
-from kvscope.runs.setup import RunSetup, prepare
-from kvscope.runs.spec import EngineSpec, OutputSpec, RunSpec
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.setup.prepare import RunSetup, prepare
+from kvscope.runs.setup.spec import EngineSpec, OutputSpec, RunSpec
+from kvscope.runs.workload.items import WorkItem
 
 SYSTEM = ("You are a patient teacher. Answer in clear, plain English in three or four sentences, "
           "for a student who is learning how language models generate text.")

@@ -1,4 +1,4 @@
-"""``kvscope.runs.comparison``: the summary table equals each run's own summary, ratios, warnings, bad input,
+"""``kvscope.runs.result.comparison``: the summary table equals each run's own summary, ratios, warnings, bad input,
 the HTML page's parts and the ``kvscope compare`` command (``kvscope/cli/compare.py``)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 from kvscope import Engine
 from kvscope.cli.compare import COMMAND, cmd_compare
 from kvscope.cli.parser import CLIError, Parser
-from kvscope.runs.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
-from kvscope.runs.run import Run
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.result.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
+from kvscope.runs.result.run import Run
+from kvscope.runs.workload.items import synthetic_workload
 
 torch.set_num_threads(1)
 

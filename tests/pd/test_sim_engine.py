@@ -1,5 +1,5 @@
 """``kvscope simulate --pd``: simulated instances on one virtual clock, KV transfers timed by a bandwidth and a
-latency, and the telemetry of a real P/D run (``kvscope.runs.pd_sim``)."""
+latency, and the telemetry of a real P/D run (``kvscope.pd.sim_engine``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from kvscope.runs.live import LiveRun
-from kvscope.runs.run import Run, load
-from kvscope.runs.simulate import SimSpec, prepare_simulation
-from kvscope.runs.spec import EngineSpec, OutputSpec, RunSpec, WorkloadSpec
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.result.run import Run, load
+from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
+from kvscope.runs.setup.spec import EngineSpec, OutputSpec, RunSpec, WorkloadSpec
 from kvscope.sim.shape import resolve_shape
 
 BLOCK = 16

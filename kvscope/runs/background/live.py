@@ -1,6 +1,6 @@
 """``LiveRun``: an engine stepping in a background thread while a dashboard watches; it has a ``Run``.
 
-Threads (the control, ``wait`` and Ctrl-C are ``kvscope.runs.lifecycle.Lifecycle``'s):
+Threads (the control, ``wait`` and Ctrl-C are ``kvscope.runs.background.lifecycle.Lifecycle``'s):
 
 - the **engine thread** (``kvscope-run``) is the only one that touches the engine: it builds it (loading a model
   can take seconds), submits the workload, calls ``engine.step()`` until nothing is left, honours stop / pause
@@ -25,10 +25,10 @@ from typing import Any
 
 from kvscope.engine.engine import Engine
 from kvscope.engine.request import Request, RequestOutput
-from kvscope.runs.recording import Recording
-from kvscope.runs.run import Run, RunBuffer
-from kvscope.runs.status import Outputs, RunStatus, claim_engine, release_engines
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.background.recording import Recording
+from kvscope.runs.background.status import Outputs, RunStatus, claim_engine, release_engines
+from kvscope.runs.result.run import Run, RunBuffer
+from kvscope.runs.workload.items import WorkItem
 from kvscope.telemetry.detail import DetailWindow
 from kvscope.telemetry.export import MAX_TEXT
 from kvscope.telemetry.records import RequestEvent, StepRecord

@@ -14,11 +14,11 @@ import kvscope
 from kvscope import Engine
 from kvscope.cli.main import build_parser as build_cli_parser
 from kvscope.options.run import OptionError
-from kvscope.runs.live import LiveRun, Outputs
-from kvscope.runs.setup import prepare
-from kvscope.runs.simulate import SimSpec, prepare_simulation
-from kvscope.runs.spec import RunSpec
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.background.live import LiveRun, Outputs
+from kvscope.runs.setup.prepare import prepare
+from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
+from kvscope.runs.setup.spec import RunSpec
+from kvscope.runs.workload.items import synthetic_workload
 from kvscope.telemetry.slow_capture import MAX_WINDOWS
 
 torch.set_num_threads(1)

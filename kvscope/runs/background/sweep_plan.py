@@ -1,5 +1,5 @@
 """A sweep's plan: one checked run per value of the one listed option (``plan_from_args``), nothing started;
-``kvscope.runs.sweep.Sweep`` runs it. Every check that can fail runs here, before the first run."""
+``kvscope.runs.background.sweep.Sweep`` runs it. Every check that can fail runs here, before the first run."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from kvscope.options.run import CLI, RUN_OPTIONS, OptionError, OptionParser
 from kvscope.options.sweep import Values, add_sweep_options, dest_of, sweepable
-from kvscope.runs.comparison import unique_labels
-from kvscope.runs.spec import RunSpec
+from kvscope.runs.result.comparison import unique_labels
+from kvscope.runs.setup.spec import RunSpec
 
 if TYPE_CHECKING:
-    from kvscope.runs.setup import RunSetup
+    from kvscope.runs.setup.prepare import RunSetup
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ def plan_from_args(args: argparse.Namespace, cell: str | None = None) -> SweepPl
     base = RunSpec.from_args(args, cell=cell)
     if getattr(args, "simulate", False):  # each run simulated (kvscope simulate), with the same step model
         from kvscope.options.simulate import simulate_fields
-        from kvscope.runs.simulate import SimSpec, prepare_simulation
+        from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
 
         sim = SimSpec(**simulate_fields(args))
         plan = plan_runs(base, dest, flag, values, lambda spec: prepare_simulation(spec, sim))
@@ -75,10 +75,10 @@ def listed_options(args: argparse.Namespace) -> dict[str, tuple[str, Values]]:
 def plan_runs(base: RunSpec, dest: str, flag: str, values: Values,
               prepare: Callable[[RunSpec], RunSetup] | None = None) -> SweepPlan:
     """A checked run per value: ``base`` with the option ``dest`` (given as ``flag``) set to it, made by
-    ``prepare`` (default ``kvscope.runs.setup.prepare``; a simulation's ``prepare_simulation``).
+    ``prepare`` (default ``kvscope.runs.setup.prepare.prepare``; a simulation's ``prepare_simulation``).
     ``OptionError`` naming the value if any run would be refused."""
     if prepare is None:
-        from kvscope.runs.setup import prepare  # here: it brings torch
+        from kvscope.runs.setup.prepare import prepare  # here: it brings torch
 
     setups = []
     for value, text in zip(values, values.texts):

@@ -1,7 +1,7 @@
 """Sweeps: the same seeded workload once per value of one run option, compared.
 
 ```python
-cmp = kvscope.runs.sweep.sweep("block_size", [8, 16, 32, 64], requests=16, num_blocks=64)  # blocks until done
+cmp = kvscope.runs.background.sweep.sweep("block_size", [8, 16, 32, 64], requests=16, num_blocks=64)  # blocks until done
 cmp.table; cmp.per_run; cmp.save_csv("sweep.csv"); cmp.save_html("sweep.html")
 ```
 
@@ -9,7 +9,7 @@ cmp.table; cmp.per_run; cmp.save_csv("sweep.csv"); cmp.save_html("sweep.html")
 the run options of ``kvscope.options.run`` with one change (``kvscope.options.sweep``): every option that
 takes one value (workload, sampling, engine) also takes a comma-separated list, and exactly one of them
 must get two or more values. Each value is one ``RunSpec`` (the others' spec with that one field replaced),
-checked by ``kvscope.runs.setup.prepare`` before the first run starts, so a bad value fails at once. The runs share everything else, so the synthetic
+checked by ``kvscope.runs.setup.prepare.prepare`` before the first run starts, so a bad value fails at once. The runs share everything else, so the synthetic
 workload (seeded, drawn from the model's vocabulary) is the same prompts and the same per-request seeds
 in every run.
 
@@ -29,15 +29,21 @@ from typing import TYPE_CHECKING, Any
 
 from kvscope.options.run import RUN_OPTIONS, OptionError, OptionSpec
 from kvscope.options.sweep import SWEPT_GROUPS, Values, dest_of, sweepable
-from kvscope.runs.comparison import Comparison
-from kvscope.runs.lifecycle import Lifecycle
-from kvscope.runs.spec import RunSpec
-from kvscope.runs.status import RunStatus, SweepOutputs
-from kvscope.runs.sweep_plan import SweepPlan, default_args, listed_options, plan_from_args, plan_runs
+from kvscope.runs.background.lifecycle import Lifecycle
+from kvscope.runs.background.status import RunStatus, SweepOutputs
+from kvscope.runs.background.sweep_plan import (
+    SweepPlan,
+    default_args,
+    listed_options,
+    plan_from_args,
+    plan_runs,
+)
+from kvscope.runs.result.comparison import Comparison
+from kvscope.runs.setup.spec import RunSpec
 
 if TYPE_CHECKING:
-    from kvscope.runs.live import LiveRun
-    from kvscope.runs.setup import RunSetup
+    from kvscope.runs.background.live import LiveRun
+    from kvscope.runs.setup.prepare import RunSetup
 
 __all__ = ["Sweep", "SweepPlan", "default_args", "listed_options", "plan_from_args", "plan_runs", "sweep"]
 
@@ -107,7 +113,7 @@ class Sweep(Lifecycle, Comparison):
 
     def _one_run(self, setup: RunSetup, index: int) -> LiveRun | None:
         """One run of ``setup`` (``index`` -1: the warm-up); None if it failed (kept in ``errors``)."""
-        from kvscope.runs.live import LiveRun
+        from kvscope.runs.background.live import LiveRun
 
         run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(),  # its spec: files, pace
                       dashboard=self.run_dashboards, dashboard_options=self.dashboard_options)

@@ -32,16 +32,17 @@ from typing import Any
 
 from kvscope.engine.engine import Engine
 from kvscope.engine.request import Request, RequestOutput
-from kvscope.options.simulate import KV_BANDWIDTH_GB_PER_S, KV_LATENCY_S
 from kvscope.pd.config import KV_CONSUMER, PDLayout
 from kvscope.pd.engine import PDEngine
 from kvscope.pd.recorder import PDRecorder
 from kvscope.pd.router import PDRequest, TransferRecord
-from kvscope.runs.pd_sim_instance import Reservation, SimInstance, TransferRefused
+from kvscope.pd.sim_instance import Reservation, SimInstance, TransferRefused
 from kvscope.telemetry.records import RequestEvent
 from kvscope.utils.clock import VirtualClock
 
 TRANSPORT = "simulated"
+KV_BANDWIDTH_GB_PER_S = 25.0  # a 200 Gb/s RDMA NIC between two machines (--kv-bandwidth's help says so)
+KV_LATENCY_S = 0.0001  # 100 us per transfer: setup and completion notice (--kv-latency's help says so)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.engine.request import SamplingParams
-from kvscope.runs.run import Run
-from kvscope.runs.workload import WorkItem
+from kvscope.runs.result.run import Run
+from kvscope.runs.workload.items import WorkItem
 
 
 def replay_workload(run: Run) -> list[WorkItem]:

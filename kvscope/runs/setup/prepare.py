@@ -1,7 +1,7 @@
 """A ``RunSpec`` -> what a run needs: the model, an ``EngineConfig``, ``SamplingParams``, the workload.
 
 Shared by ``kvscope run`` / ``kvscope demo`` (``kvscope.cli.run``), ``%kvscope`` (``kvscope.magic.run``) and
-sweeps (``kvscope.runs.sweep``), so all check the same things in the same order and refuse with the same
+sweeps (``kvscope.runs.background.sweep``), so all check the same things in the same order and refuse with the same
 line: an ``OptionError`` each face turns into its own error. Everything here runs before anything starts
 (no model is loaded).
 """
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.request import SamplingParams
 from kvscope.options.parser import OptionError
-from kvscope.runs.spec import EngineSpec, RunSpec, SamplingSpec
-from kvscope.runs.status import Outputs
-from kvscope.runs.workload import (
+from kvscope.runs.background.status import Outputs
+from kvscope.runs.setup.spec import EngineSpec, RunSpec, SamplingSpec
+from kvscope.runs.workload.items import (
     WorkItem,
     iter_synthetic_workload,
     numbered_prompts,

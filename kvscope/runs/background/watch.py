@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from kvscope._version import __version__
-from kvscope.runs.recording import Recording
-from kvscope.runs.run import Run, RunBuffer, WatchedRun
-from kvscope.runs.status import Outputs, RunStatus
+from kvscope.runs.background.recording import Recording
+from kvscope.runs.background.status import Outputs, RunStatus
+from kvscope.runs.result.run import Run, RunBuffer, WatchedRun
 from kvscope.watch.limits import MAX_RECORDS
 from kvscope.watch.metrics import Scrape, ScrapeError, ScrapeStopped, metrics_url, scrape
 from kvscope.watch.plugin_log import PluginLog

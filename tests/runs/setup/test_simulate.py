@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kvscope.engine.engine import Engine
-from kvscope.runs.live import LiveRun
-from kvscope.runs.simulate import SimSpec, prepare_simulation
-from kvscope.runs.spec import RunSpec, WorkloadSpec
-from kvscope.runs.workload import synthetic_workload
+from kvscope.runs.background.live import LiveRun
+from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
+from kvscope.runs.setup.spec import RunSpec, WorkloadSpec
+from kvscope.runs.workload.items import synthetic_workload
 
 
 def test_a_replay_at_another_rate_keeps_the_requests_and_retimes_them(tmp_path):

@@ -1,6 +1,6 @@
 """``RunSpec``: one run, typed, as a face hands it on: the model, the workload, the engine's options, sampling,
 the outputs. The parsed ``argparse.Namespace`` stops at the face: ``RunSpec.from_args`` is the one place
-that reads it; ``kvscope.runs.setup.prepare`` checks a spec and makes the run's pieces; a sweep is one spec
+that reads it; ``kvscope.runs.setup.prepare.prepare`` checks a spec and makes the run's pieces; a sweep is one spec
 per value with one field replaced (``spec.with_option("block_size", 32)``, ``dataclasses.replace`` inside).
 
 Standard library only, so a face builds its spec before importing torch. The fields are named as the run
@@ -76,7 +76,7 @@ class OutputSpec:
 
 @dataclass(slots=True, frozen=True)
 class RunSpec:
-    """One run, not checked yet (``kvscope.runs.setup.prepare`` checks it)."""
+    """One run, not checked yet (``kvscope.runs.setup.prepare.prepare`` checks it)."""
 
     model: str = "tiny"
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)

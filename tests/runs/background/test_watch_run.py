@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "watch"))
 from fakes import FakePublisher, FakeServer, free_port, removed, stored
 
 import kvscope
-from kvscope.runs.status import Outputs, RunStatus
-from kvscope.runs.watch_run import WatchError, WatchRun
+from kvscope.runs.background.status import Outputs, RunStatus
+from kvscope.runs.background.watch import WatchError, WatchRun
 from kvscope.telemetry.export import LANES_PID
 
 FAST = 0.05  # seconds between polls

@@ -6,7 +6,7 @@ The run options are the same as ``kvscope run``'s (``RunSpec``), so the same opt
 requests; ``SimSpec`` adds what a simulation needs instead of a model: a step-time model (``--step-model``,
 fitted by ``kvscope calibrate``, or ``--gpu`` for a roofline), and optionally ``--replay RUN``, which takes the
 recorded run's requests and model shape. With ``--pd 1P1D`` the engine is a ``SimPDEngine``
-(``kvscope.runs.pd_sim``): one simulated engine per instance on one virtual clock, KV transfers timed by
+(``kvscope.pd.sim_engine``): one simulated engine per instance on one virtual clock, KV transfers timed by
 ``--kv-bandwidth`` and ``--kv-latency``.
 """
 
@@ -20,9 +20,8 @@ from typing import Any
 
 from kvscope.engine.config import EngineConfig
 from kvscope.options.parser import OptionError
-from kvscope.runs.pd_sim import SimLink, SimPDEngine
-from kvscope.runs.replay import replay_workload
-from kvscope.runs.setup import (
+from kvscope.pd.sim_engine import SimLink, SimPDEngine
+from kvscope.runs.setup.prepare import (
     LAZY_ABOVE,
     RunSetup,
     check_run_outputs,
@@ -30,8 +29,9 @@ from kvscope.runs.setup import (
     sampling_params,
     workload,
 )
-from kvscope.runs.spec import RunSpec
-from kvscope.runs.workload import iter_arrival_times, parse_arrival, with_arrivals
+from kvscope.runs.setup.spec import RunSpec
+from kvscope.runs.workload.items import iter_arrival_times, parse_arrival, with_arrivals
+from kvscope.runs.workload.recorded import replay_workload
 from kvscope.sim.build import simulated_engine
 from kvscope.sim.calibrate import fit_step_model
 from kvscope.sim.roofline import RooflineModel, find_gpu
@@ -72,7 +72,7 @@ class SimSetup(RunSetup):
         return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests}
 
     def make_engine(self):
-        if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.runs.pd_sim)
+        if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.pd.sim_engine)
             return SimPDEngine(self._instance, self.spec.engine.pd, self.link, arrivals_s=self._arrivals())
         return simulated_engine(self.shape, self.config, self.step_model, kv_budget=self.kv_budget,
                                 meta=self.sim_meta, acceptance_rate=self.acceptance_rate)
@@ -163,7 +163,7 @@ def _torch_dtype(name: str):
 
 
 def _load_replay(path: str):
-    from kvscope.runs.run import load
+    from kvscope.runs.result.run import load
 
     try:
         return load(path)

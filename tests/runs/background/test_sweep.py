@@ -1,4 +1,4 @@
-"""``kvscope.runs.sweep``: one run per value, the same workload in each, listed options, failures, the
+"""``kvscope.runs.background.sweep``: one run per value, the same workload in each, listed options, failures, the
 ``kvscope sweep`` command (``cli/compare.py``) and ``%kvscope sweep`` (``magic/sweep.py``); the
 notebook view is tested in ``tests/widgets/test_sweep_view.py``."""
 
@@ -14,7 +14,7 @@ from kvscope.cli.sweep import COMMAND, cmd_sweep
 from kvscope.magic.sweep import magic_sweep
 from kvscope.options.run import CLI, OptionError, OptionParser
 from kvscope.options.sweep import add_sweep_options
-from kvscope.runs.sweep import Sweep, plan_from_args, sweep
+from kvscope.runs.background.sweep import Sweep, plan_from_args, sweep
 
 torch.set_num_threads(1)
 

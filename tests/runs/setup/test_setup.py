@@ -8,8 +8,8 @@ import torch
 from kvscope.cli.main import build_parser as build_cli_parser
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.options.run import OptionError
-from kvscope.runs.setup import prepare
-from kvscope.runs.spec import RunSpec
+from kvscope.runs.setup.prepare import prepare
+from kvscope.runs.setup.spec import RunSpec
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.timeout(120)

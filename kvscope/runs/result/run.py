@@ -174,7 +174,7 @@ class Run:
 
     def save_html(self, path: str | os.PathLike) -> Path:
         """A standalone HTML report (``kvscope.widgets.report``, imported here: widgets never import
-        ``kvscope.runs.run``, so the dependency goes one way)."""
+        ``kvscope.runs.result.run``, so the dependency goes one way)."""
         from kvscope.widgets.report import save_html
 
         return save_html(self, path)
