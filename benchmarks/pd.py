@@ -2,7 +2,7 @@
 
 For each arrival rate (Poisson, ``--rate`` of kvscope run), one seeded workload of long prompts and short outputs
 runs twice through ``LiveRun`` (requests submitted at their arrival times): on one colocated ``Engine`` with all
-the cores, and on ``Engine(model, pd="1P1D")`` whose two instances get half the cores each. The table prints
+the cores, and on ``PDEngine(model, pd="1P1D")`` whose two instances get half the cores each. The table prints
 TTFT p50 / p99 (arrival to first token, end to end) and ITL p50 / p99 (the decode side's steps), and the
 crossover: the lowest rate from which 1P1D's ITL p99 beats the colocated one. Before that, the cost per MB of
 each transport (``kvscope.pd.connector``: pack, move, unpack, in one process).

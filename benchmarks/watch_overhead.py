@@ -48,8 +48,8 @@ import psutil
 
 import kvscope
 from kvscope.runs.background.status import RunStatus
-from kvscope.watch.plugin import StepLines
-from kvscope.watch.vllm_demo import PREPARE, REPO, VllmServer, save_tiny_llama, start_vllm, vllm_python
+from kvscope.watched.plugin import StepLines
+from kvscope.watched.vllm_demo import PREPARE, REPO, VllmServer, save_tiny_llama, start_vllm, vllm_python
 
 # A Llama big enough that a step is real work on a CPU (26M parameters; the tiny tokenizer's vocabulary).
 BENCH_LLAMA = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,

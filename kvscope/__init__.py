@@ -11,27 +11,25 @@ if TYPE_CHECKING:
     from kvscope.engine.config import EngineConfig, ModelSpec
     from kvscope.engine.engine import Engine
     from kvscope.engine.request import RequestOutput, SamplingParams
-    from kvscope.runs.background.watch import WatchRun
+    from kvscope.pd.engine import PDEngine
+    from kvscope.runs.background.watch import WatchRun, watch
     from kvscope.runs.result.comparison import Comparison, compare
     from kvscope.runs.result.run import Run, load
 
-__all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams", "WatchRun",
+__all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "PDEngine", "RequestOutput", "Run", "SamplingParams",
+           "WatchRun",
            "compare", "load", "watch"]
 
 # Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
 _LAZY = {"EngineConfig": "kvscope.engine.config", "ModelSpec": "kvscope.engine.config",
-         "Engine": "kvscope.engine.engine", "RequestOutput": "kvscope.engine.request",
+         "Engine": "kvscope.engine.engine", "PDEngine": "kvscope.pd.engine", "RequestOutput": "kvscope.engine.request",
          "SamplingParams": "kvscope.engine.request", "Run": "kvscope.runs.result.run", "load": "kvscope.runs.result.run",
          "compare": "kvscope.runs.result.comparison", "Comparison": "kvscope.runs.result.comparison",
-         "WatchRun": "kvscope.runs.background.watch"}
+         "WatchRun": "kvscope.runs.background.watch", "watch": "kvscope.runs.background.watch"}
 
 
 def __getattr__(name: str):
-    if name == "watch":  # the package kvscope.watch, which is callable: kvscope.watch(urls, ...) (see its docstring)
-        return import_module("kvscope.watch")
     if name in _LAZY:
-        if name == "Engine":  # Engine(model, pd="1P1D"): kvscope.pd registers the disaggregated engine
-            import_module("kvscope.pd.engine")
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -64,10 +64,10 @@ def ip():
     shell.run_line_magic("unload_ext", "kvscope")
 
 
-from kvscope.watch.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python  # noqa: E402
+from kvscope.watched.vllm_demo import PREPARE, REPO, save_tiny_llama, vllm_python  # noqa: E402
 
 
-# ---- the real vLLM of tests/watch and tests/explain (tests/watch/conftest.py starts its servers) -------------
+# ---- the real vLLM of tests/watched and tests/explain (tests/watched/conftest.py starts its servers) -------------
 @pytest.fixture(scope="session")
 def vllm_py() -> Path:
     """The vLLM virtualenv's python: skipped locally without it, a failure under CI."""

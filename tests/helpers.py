@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvscope.watch.vllm_demo import VllmServer, start_vllm
+from kvscope.watched.vllm_demo import VllmServer, start_vllm
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:

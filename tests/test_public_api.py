@@ -17,7 +17,7 @@ import pytest
 import kvscope
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = {"Comparison", "Engine", "EngineConfig", "ModelSpec", "RequestOutput", "Run", "SamplingParams",
+PUBLIC = {"Comparison", "Engine", "EngineConfig", "ModelSpec", "PDEngine", "RequestOutput", "Run", "SamplingParams",
           "WatchRun", "compare", "load", "watch"}
 COMMANDS = {"demo", "run", "plan", "view", "compare", "sweep", "watch", "simulate", "calibrate", "explain"}
 # `from kvscope.x import a, b` and `import kvscope.x` as written in prose, code blocks and notebook cells.
@@ -60,7 +60,10 @@ def test_the_top_level_names():
 
     assert callable(Engine) and callable(SamplingParams) and callable(load) and callable(compare)
     assert isinstance(Run, type)
-    assert callable(watch) and watch is importlib.import_module("kvscope.watch")  # the package is callable
+    assert watch is importlib.import_module("kvscope.runs.background.watch").watch  # a plain function
+    importlib.import_module("kvscope.watched.metrics")  # a source package of another name: replaces nothing
+
+    assert kvscope.watch is watch
     assert callable(kvscope.load_ipython_extension) and callable(kvscope.unload_ipython_extension)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         kvscope.nope  # noqa: B018
@@ -95,9 +98,9 @@ def test_the_entry_points():
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "kvscope"]
     assert script.value == "kvscope.cli.main:main" and callable(script.load())
     (plugin,) = [e for e in entry_points(group="vllm.stat_logger_plugins") if e.name == "kvscope"]
-    # It loads only inside a vLLM server (tests/watch/test_real_vllm.py); here: where it points exists.
-    assert plugin.value == "kvscope.watch.plugin:KvscopeStatLogger"
-    assert importlib.util.find_spec("kvscope.watch.plugin") is not None
+    # It loads only inside a vLLM server (tests/watched/test_real_vllm.py); here: where it points exists.
+    assert plugin.value == "kvscope.watched.plugin:KvscopeStatLogger"
+    assert importlib.util.find_spec("kvscope.watched.plugin") is not None
 
 
 def test_the_command_and_its_subcommands():

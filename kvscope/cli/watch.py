@@ -84,7 +84,7 @@ def _follow(run, quiet: bool) -> None:
 
 
 def _status_line(run) -> str:
-    from kvscope.watch.summary import fleet_kpis
+    from kvscope.watched.summary import fleet_kpis
 
     v = fleet_kpis(run.source.watch)
 

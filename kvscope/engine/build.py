@@ -1,6 +1,6 @@
 """How ``Engine()`` builds its parts from a model and an ``EngineConfig``, in this order.
 
-1. The model: loaded by name (or taken as given), probed (``kvscope.models.probe``: refused with
+1. The model: loaded by name (or taken as given), probed (``kvscope.engine.probe.probe``: refused with
    ``UnsupportedModelError`` if kvscope cannot run it exactly, else switched to the kvscope attention),
    moved to the device and dtype; its ``ModelSpec`` from the measured layers.
 2. The worker: the attention backend, the model's fused projections (``worker/fusion.py``), the KV cache
@@ -21,13 +21,13 @@ from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.kv_groups import KVCacheConfig, plan_kv_cache_groups
 from kvscope.engine.core.scheduler import Scheduler
+from kvscope.engine.probe.probe import probe_model
 from kvscope.engine.sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
 from kvscope.engine.spec_decode import Speculator, build_speculator
 from kvscope.engine.worker.fusion import accelerate
 from kvscope.engine.worker.model_runner import ModelRunner
 from kvscope.kernels.backend import resolve_backend
 from kvscope.models.loader import load_model
-from kvscope.models.probe import probe_model
 from kvscope.utils.clock import WALL_CLOCK, Clock
 
 

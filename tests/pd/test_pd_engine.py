@@ -21,7 +21,7 @@ def fresh_prompts(n: int, seed: int, lo: int = 9, hi: int = 60) -> list[list[int
 
 @pytest.fixture(scope="module")
 def pd_engine():
-    engine = Engine("tiny", pd="1P1D", block_size=BS, num_blocks=128)
+    engine = PDEngine("tiny", pd="1P1D", block_size=BS, num_blocks=128)
     yield engine
     engine.close()
     assert all(i.process.poll() is not None for i in engine.instances.values())

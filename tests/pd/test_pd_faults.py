@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from kvscope import Engine, SamplingParams
+from kvscope import Engine, PDEngine, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -20,7 +20,7 @@ def fresh_prompts(n: int, seed: int) -> list[list[int]]:
 
 @pytest.fixture()
 def engine():  # one per test: the kill test leaves an instance dead, whatever order the tests run in
-    e = Engine("tiny", pd="1P2D", block_size=8, num_blocks=128)
+    e = PDEngine("tiny", pd="1P2D", block_size=8, num_blocks=128)
     yield e
     e.close()
     assert all(i.process.poll() is not None for i in e.instances.values())

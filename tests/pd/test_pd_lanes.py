@@ -11,7 +11,7 @@ from itertools import pairwise
 import pytest
 
 import kvscope
-from kvscope import Engine, Run, SamplingParams
+from kvscope import PDEngine, Run, SamplingParams
 from kvscope.pd.page_maps import MAX_MOMENTS, transfer_page_maps
 from kvscope.telemetry.export import PD_REQUESTS_PID
 from kvscope.telemetry.pd_lanes import LANE_STATES, request_segments
@@ -24,7 +24,7 @@ ORDER = {state: i for i, state in enumerate(LANE_STATES)}
 def run() -> Run:
     rng = random.Random(24)
     prompts = [[rng.randrange(5, 250) for _ in range(rng.randrange(9, 30))] for _ in range(6)]
-    with Engine("tiny", pd="1P1D", block_size=BS, num_blocks=64) as engine:
+    with PDEngine("tiny", pd="1P1D", block_size=BS, num_blocks=64) as engine:
         engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
         return Run.from_engine(engine)
 

@@ -29,10 +29,10 @@ ALLOWED = {
     ("kvscope/telemetry/profiler.py", "_kineto_events"): "torch's own trace, to a private temp file, removed",
     ("kvscope/cli/main.py", "main"): "stdout onto /dev/null when a pipe reader left",
     ("kvscope/runs/result/comparison.py", "save_csv"): "to_csv into the open temp file that atomic_write hands it",
-    ("kvscope/watch/plugin.py", "__init__"): "the plugin's step log: O_APPEND lines that a watcher tails as "
+    ("kvscope/watched/plugin.py", "__init__"): "the plugin's step log: O_APPEND lines that a watcher tails as "
                                              "they come (a log, never rewritten, so nothing to replace atomically)",
-    ("kvscope/watch/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",
-    ("kvscope/watch/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
+    ("kvscope/watched/vllm_demo.py", "start_vllm"): "the demo server's own log, in the demo's private work folder",
+    ("kvscope/watched/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
     ("kernels/cpu_build.py", "build_once"): "the C++ kernel's build lock file and key.json, in its own build folder "
                                             "(kernels is a leaf layer: it cannot reach kvscope.utils)",
     ("kvscope/cli/calibrate.py", "cmd_calibrate"): "LinearStepModel.save, which writes through atomic_write",

@@ -22,9 +22,9 @@ from watch_util import (
 
 import kvscope
 from kvscope.cli.main import main
-from kvscope.watch.events import EventBatch, parse_event
-from kvscope.watch.metrics import parse
-from kvscope.watch.source import WatchSource
+from kvscope.watched.events import EventBatch, parse_event
+from kvscope.watched.metrics import parse
+from kvscope.watched.source import WatchSource
 
 T0 = 1_700_000_000.0
 

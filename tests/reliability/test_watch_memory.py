@@ -10,8 +10,8 @@ from reliability_util import FIGURES
 from watch_util import FakePublisher, HostileServer, free_port, render, rss_mib, stored
 
 import kvscope
-from kvscope.watch.events import BlockRemoved, BlockStored
-from kvscope.watch.limits import (
+from kvscope.watched.events import BlockRemoved, BlockStored
+from kvscope.watched.limits import (
     MAX_ENGINES,
     MAX_LANE_ROWS,
     MAX_PAGE_BYTES,
@@ -19,9 +19,9 @@ from kvscope.watch.limits import (
     MAX_REMEMBERED,
     MAX_RESIDENT,
 )
-from kvscope.watch.metrics import MetricsSample, parse, scrape
-from kvscope.watch.residency import Residency
-from kvscope.watch.source import WatchSource
+from kvscope.watched.metrics import MetricsSample, parse, scrape
+from kvscope.watched.residency import Residency
+from kvscope.watched.source import WatchSource
 
 COUNTS: dict[str, float] = {}  # printed with the reliability figures
 

@@ -10,7 +10,7 @@ import pytest
 from reliability_util import FIGURES
 from watch_util import HostileServer, render, saved_watch
 
-from kvscope.watch.metrics import ScrapeError, fetch, scrape
+from kvscope.watched.metrics import ScrapeError, fetch, scrape
 
 
 @pytest.mark.parametrize("where", ["other port", "other scheme", "same server"])

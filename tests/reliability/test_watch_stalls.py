@@ -14,7 +14,7 @@ from reliability_util import FIGURES
 from watch_util import FakePublisher, HostileServer, free_port, render, run_watch, stored
 
 import kvscope
-from kvscope.watch.metrics import ScrapeError, ScrapeStopped, fetch
+from kvscope.watched.metrics import ScrapeError, ScrapeStopped, fetch
 
 COUNTS: dict[str, float] = {}  # seconds, printed with the reliability figures
 

@@ -1,5 +1,5 @@
 """What the hostile-server tests of ``kvscope watch`` share: ``HostileServer`` (an HTTP server on 127.0.0.1
-whose every answer the test writes: a page, a drip, a redirect), the stand-ins of ``tests/watch/fakes.py``
+whose every answer the test writes: a page, a drip, a redirect), the stand-ins of ``tests/watched/fakes.py``
 (a vLLM ``/metrics`` page and a ZMQ KV event publisher), a short watch with its three files, and a check
 that every file a watch wrote loads back.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "watched"))
 
 from fakes import FakePublisher, FakeServer, free_port, render, stored
 
@@ -135,9 +135,9 @@ def rss_mib() -> float:
 def saved_watch(folder: Path) -> Path:
     """The trace of a small watch (one engine, a page and a few KV events), made without a server."""
     from kvscope.runs.result.run import Run
-    from kvscope.watch.events import EventBatch, parse_event
-    from kvscope.watch.metrics import parse
-    from kvscope.watch.source import WatchSource
+    from kvscope.watched.events import EventBatch, parse_event
+    from kvscope.watched.metrics import parse
+    from kvscope.watched.source import WatchSource
 
     src = WatchSource(["http://127.0.0.1:9/metrics"], t0_ns=0)
     src.on_scrape(0, parse(render({"0": _engine()}), 1).samples)

@@ -1,13 +1,13 @@
 """A simulated week of a busy vLLM server, watched: the memory the watch's state comes to.
 
 ``python tests/reliability/week_sim.py [days]`` prints the figure of docs/reliability.md. The fake server's
-page (``tests/watch/fakes.py``: every family vLLM 0.32 serves, TTFT / ITL histograms) is parsed once and its
+page (``tests/watched/fakes.py``: every family vLLM 0.32 serves, TTFT / ITL histograms) is parsed once and its
 counters advanced at each poll; the fast publisher's batches are ``BlockStored`` events of new, distinct
 blocks that are never evicted (the worst case: a server that omits ``BlockRemoved`` fills every bound).
 Time is compressed: the week's polls (one every 0.5 s, 1,209,600 of them) all happen, each through
 ``WatchSource.on_scrape`` / ``on_events`` / ``tick`` and into a ``RunBuffer`` as ``WatchRun`` does, without
 waiting between them; the blocks are ``blocks_per_poll`` per poll, far past every bound of
-``kvscope/watch/limits.py`` (a week at 1,000 new blocks/s would be 605 M; the bounds are reached after
+``kvscope/watched/limits.py`` (a week at 1,000 new blocks/s would be 605 M; the bounds are reached after
 0.5 M). ``test_watch_memory.py`` runs a shorter one and checks that the memory stops growing.
 """
 
@@ -21,15 +21,15 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "watched"))
 
 from fakes import EngineMetrics, render
 
 from kvscope.runs.result.run import RunBuffer
-from kvscope.watch.events import BlockStored, EventBatch
-from kvscope.watch.limits import MAX_RECORDS
-from kvscope.watch.metrics import parse
-from kvscope.watch.source import WatchSource
+from kvscope.watched.events import BlockStored, EventBatch
+from kvscope.watched.limits import MAX_RECORDS
+from kvscope.watched.metrics import parse
+from kvscope.watched.source import WatchSource
 
 POLL_S = 0.5
 WEEK_POLLS = int(7 * 86400 / POLL_S)

@@ -11,7 +11,7 @@ import pytest
 from bokeh.models import ColumnDataSource, CustomJS, GroupFilter, Slider
 from bokeh.plotting import figure
 
-from kvscope import Engine, Run, SamplingParams
+from kvscope import PDEngine, Run, SamplingParams
 from kvscope.telemetry.pd_lanes import LANE_STATES
 from kvscope.widgets.panels.pd_page_maps import PDPageMapsPanel
 from kvscope.widgets.panels.pd_timeline import LANE_COLORS
@@ -31,7 +31,7 @@ VIEWS_JS = """(type) => [...Bokeh.index.all_views()].filter(v => v.model.type ==
 def run() -> Run:
     rng = random.Random(10)
     prompts = [[rng.randrange(5, 250) for _ in range(rng.randrange(9, 40))] for _ in range(6)]
-    with Engine("tiny", pd="1P1D", block_size=4, num_blocks=64) as engine:
+    with PDEngine("tiny", pd="1P1D", block_size=4, num_blocks=64) as engine:
         engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
         return Run.from_engine(engine)
 

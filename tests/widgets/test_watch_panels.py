@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "watched"))
 from fakes import EngineMetrics, removed, render, stored
 
 from kvscope.runs.result.run import Run
-from kvscope.watch.events import EventBatch, parse_event
-from kvscope.watch.metrics import parse
-from kvscope.watch.source import WatchSource
+from kvscope.watched.events import EventBatch, parse_event
+from kvscope.watched.metrics import parse
+from kvscope.watched.source import WatchSource
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.base import PanelContext
 from kvscope.widgets.panels.fleet import FleetPanel

@@ -4,7 +4,7 @@ no legend covers its plot's data, hostile engine names and hashes show as text, 
 from __future__ import annotations
 
 import pytest
-from test_watch_panels import Fleet, stored  # (it puts tests/watch, the fakes' folder, on the path)
+from test_watch_panels import Fleet, stored  # (it puts tests/watched, the fakes' folder, on the path)
 from widget_util import COUNT_VIEWS_JS
 
 from kvscope.runs.result.run import Run

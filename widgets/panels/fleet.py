@@ -1,6 +1,6 @@
 """One lane per watched engine plus the fleet: KV cache usage and tokens/s over time, and a table.
 
-Read from ``meta["watch"]`` (see ``kvscope/watch/source.py``): every engine's lane (one row per poll,
+Read from ``meta["watch"]`` (see ``kvscope/watched/source.py``): every engine's lane (one row per poll,
 ``None`` while its server did not answer) and the fleet's sums. An engine gets its own line the first
 time it appears (a server or data-parallel rank that answers later joins then); the fleet is the thick
 black line. Tokens/s are counter deltas over each poll's interval (exact counts, averaged over it).
@@ -74,7 +74,7 @@ def table_html(watch: dict) -> str:
         q, h = t.get("prefix_queries", 0), t.get("prefix_hits", 0)
         cells = (
             html.escape(str(key)),
-            html.escape(str(info.get("kv_role") or "–")),  # inferred (kvscope/watch/kv_transfer.py)
+            html.escape(str(info.get("kv_role") or "–")),  # inferred (kvscope/watched/kv_transfer.py)
             f"<span style='color:{colour}'>{html.escape(str(state))}</span>",
             f"{last('running') if last('running') is not None else '–'} / "
             f"{last('waiting') if last('waiting') is not None else '–'}",

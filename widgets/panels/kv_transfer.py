@@ -1,7 +1,7 @@
 """KV transfers of a watched vLLM, per engine: what its KV connector moved (NIXL between instances, offloading
 between the GPU and CPU memory), the instance's role, and where its cached blocks are (the KV events' medium).
 
-Read from ``meta["watch"]`` (``kvscope/watch/kv_transfer.py``, ``transfer_summary.py``): the lanes' per-poll
+Read from ``meta["watch"]`` (``kvscope/watched/kv_transfer.py``, ``transfer_summary.py``): the lanes' per-poll
 ``kv_transfer_bytes`` / ``kv_offload_bytes`` (MB/s over each poll's interval: solid NIXL, dashed offloading,
 one colour per engine) and a table per engine. The role is inferred (vLLM exposes no ``kv_role``): the
 table's tooltip on it says from what. Hidden until an engine shows a connector or a medium other than GPU.
@@ -16,7 +16,7 @@ import math
 from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, Div
 
-from kvscope.watch.summary import watch_summary
+from kvscope.watched.summary import watch_summary
 
 from ..feed import Tick
 from ..theme import FULL_WIDTH, OWNER_PALETTE, add_hover, empty_source, new_figure, stream_rows, style_legend

@@ -1,6 +1,6 @@
 """Residency of a watched vLLM server: its prefix cache as a tree, and blocks stored / evicted per interval.
 
-From the KV cache events only (``meta["watch"]["residency"]`` and the lanes, see ``kvscope/watch/source.py``):
+From the KV cache events only (``meta["watch"]["residency"]`` and the lanes, see ``kvscope/watched/source.py``):
 
 - an icicle of the cached blocks, engine under engine: one row per cached chain, one column per block
   position, a block shared by several chains (a common prefix) spanning all their rows, coloured by how

@@ -1,4 +1,4 @@
-"""KPI tiles of a watched vLLM server or fleet, from ``meta["watch"]`` (see ``kvscope/watch/source.py``).
+"""KPI tiles of a watched vLLM server or fleet, from ``meta["watch"]`` (see ``kvscope/watched/source.py``).
 
 Exact (counters and gauges): running / waiting, KV cache usage, prompt and generation tokens/s (counter
 deltas over the last few polls), prefix-cache hit rate and preemptions since the watch began. Estimated
@@ -13,7 +13,7 @@ import math
 
 from bokeh.models import ColumnDataSource, Div
 
-from kvscope.watch.summary import WATCH_KPI_FIELDS, fleet_kpis
+from kvscope.watched.summary import WATCH_KPI_FIELDS, fleet_kpis
 
 from ..feed import Tick
 from ..theme import FULL_WIDTH

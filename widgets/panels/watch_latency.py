@@ -10,7 +10,7 @@ import math
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, FixedTicker, Span
 
-from kvscope.watch.summary import merged, quantile
+from kvscope.watched.summary import merged, quantile
 
 from ..feed import Tick
 from ..theme import add_hover, new_figure

@@ -28,12 +28,12 @@ from kvscope.engine.config import ModelSpec, cdiv, max_positions
 from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.output import SchedulerOutput
+from kvscope.engine.probe.probe import probe_model
 from kvscope.engine.request import Request, SamplingParams
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.spec_decode.rejection import target_probs
 from kvscope.engine.worker.model_runner import ModelRunner
 from kvscope.models.loader import load_model
-from kvscope.models.probe import probe_model
 from kvscope.telemetry.pagemap import PageMapTracker
 from kvscope.telemetry.records import PageEntry, ScheduledItem
 from kvscope.utils.host import check_kv_fits

@@ -12,7 +12,7 @@ kind (sliding window, chunk, sinks, softcap) is ``meta.layers[n]`` and its plan 
 KV cache groups (a hybrid model, ``kvscope.engine.core.kv_groups``) its pages are its group's slot, shared with the
 layers of the same rank in other groups, and it stores and reads through its group's slot mapping and
 block table (``meta.layer_group[n]``).
-``kvscope.models.probe`` established at ``Engine()`` which calls a forward makes and what each passes, and
+``kvscope.engine.probe.probe`` established at ``Engine()`` which calls a forward makes and what each passes, and
 refused the model if any of it is something these kernels do not implement.
 
 Since "kvscope" is not in ``transformers``' mask interface, the model builds no attention mask: the

@@ -30,11 +30,11 @@ from kvscope._version import __version__
 from kvscope.runs.background.recording import Recording
 from kvscope.runs.background.status import Outputs, RunStatus
 from kvscope.runs.result.run import Run, RunBuffer, WatchedRun
-from kvscope.watch.limits import MAX_RECORDS
-from kvscope.watch.metrics import Scrape, ScrapeError, ScrapeStopped, metrics_url, scrape
-from kvscope.watch.plugin_log import PluginLog
-from kvscope.watch.source import LOST, WatchSource
-from kvscope.watch.streams import EventStreams, check_endpoints
+from kvscope.watched.limits import MAX_RECORDS
+from kvscope.watched.metrics import Scrape, ScrapeError, ScrapeStopped, metrics_url, scrape
+from kvscope.watched.plugin_log import PluginLog
+from kvscope.watched.source import LOST, WatchSource
+from kvscope.watched.streams import EventStreams, check_endpoints
 
 
 class WatchError(RuntimeError):

@@ -202,7 +202,7 @@ class WatchedRun(Run):
     are the watch's own (``kvscope.widgets.watch_report``)."""
 
     def _check_loaded(self, path: str | os.PathLike) -> None:
-        from kvscope.watch.summary import check_watch
+        from kvscope.watched.summary import check_watch
 
         try:
             check_watch(self.meta["watch"])
@@ -210,12 +210,12 @@ class WatchedRun(Run):
             raise ValueError(f"{path}: a damaged kvscope watch file ({exc})") from None
 
     def summary(self) -> dict[str, Any]:
-        from kvscope.watch.summary import watch_summary
+        from kvscope.watched.summary import watch_summary
 
         return {**super().summary(), **watch_summary(self.meta["watch"])}
 
     def _lanes(self) -> list[Lane]:
-        from kvscope.watch.summary import engine_tracks
+        from kvscope.watched.summary import engine_tracks
 
         return engine_tracks(self.meta["watch"], self.t0_ns)
 

@@ -1,4 +1,4 @@
-"""``WatchRun`` against stand-ins of vLLM on 127.0.0.1 (tests/watch/fakes.py): the whole lifecycle, the
+"""``WatchRun`` against stand-ins of vLLM on 127.0.0.1 (tests/watched/fakes.py): the whole lifecycle, the
 faults (a server unreachable at the start, lost and back, event gaps, publisher restarts, damaged payloads),
 replay, both socket modes, the plugin's log, Ctrl-C, and the exports loading back with ``kvscope.load``."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "watch"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "watched"))
 from fakes import FakePublisher, FakeServer, free_port, removed, stored
 
 import kvscope
@@ -326,7 +326,7 @@ def test_binding_an_address_in_use_fails_the_start(server, endpoint):
 
 
 def test_kvscope_watch_is_the_package_and_the_function():
-    import kvscope.watch.summary
+    import kvscope.watched.summary
 
     assert callable(kvscope.watch) and kvscope.WatchRun is WatchRun
     with pytest.raises(ValueError, match="at least one"):
