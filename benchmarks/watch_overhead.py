@@ -108,7 +108,8 @@ def watched_round(server: VllmServer, work, concurrency: int) -> tuple[tuple[flo
         watch.stop()
         watch.wait(60)
     s = watch.summary()
-    faults = {k: v for k, v in s["faults"].items() if v and k not in ("event_batches", "plugin_lines", "events_replayed")}
+    counts = ("event_batches", "plugin_lines", "events_replayed")
+    faults = {k: v for k, v in s["faults"].items() if v and k not in counts}
     return rates, {"watched_tokens": s["generation_tokens"], **faults}
 
 

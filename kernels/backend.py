@@ -2,7 +2,7 @@
 
 Three backends share one signature (see ``reference.py`` for the layout):
 
-- ``"torch"``: plain torch (``reference.py``, ``torch_paged.py``), the reference CPU path;
+- ``"torch"``: plain torch (``reference.py``, ``torch_paged.py``, ``torch_run.py``), the reference CPU path;
 - ``"cpu"``: the torch path with a C++ decode-attention kernel built at run time (``cpu_paged.py``);
 - ``"triton"``: Triton kernels (``store_kv.py``, ``paged_attention.py``), the CUDA path. On CPU tensors
   they run only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check them.
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import cpu_paged, reference, torch_paged
+from . import cpu_paged, reference, torch_paged, torch_run
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
 
@@ -51,7 +51,7 @@ def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:
         name = "triton" if device.type == "cuda" else "cpu" if cpu_paged.load() else "torch"
     if name == "torch":
         return KernelBackend(
-            "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_paged.run_plan
+            "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_run.run_plan
         )
     if name == "cpu":
         if device.type != "cpu":

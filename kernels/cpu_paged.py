@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cpu_build, torch_paged
+from . import cpu_build, torch_paged, torch_run
 from .torch_paged import AttentionPlan
 
 log = logging.getLogger(__name__)
@@ -234,13 +234,13 @@ def run_plan(plan: CpuPlan | AttentionPlan, query: torch.Tensor, key_cache: torc
              scale: float, out: torch.Tensor, new_key: torch.Tensor | None = None,
              new_value: torch.Tensor | None = None, *, softcap: float | None = None,
              sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """``torch_paged.run_plan``'s signature: decodes by the kernel, prefill chunks by the torch path.
+    """``torch_run.run_plan``'s signature: decodes by the kernel, prefill chunks by the torch path.
     ``query`` ``[T, Hq, D]`` (any strides); ``out`` ``[T, Hq, Dv]``."""
     if not isinstance(plan, CpuPlan):
-        return torch_paged.run_plan(plan, query, key_cache, value_cache, scale, out, new_key, new_value,
+        return torch_run.run_plan(plan, query, key_cache, value_cache, scale, out, new_key, new_value,
                                     softcap=softcap, sinks=sinks)
     torch.ops.kvscope.paged_decode_attention(query, key_cache, value_cache, plan.block_tables, plan.seq_lens,
                                              plan.starts, out, scale)
     if plan.prefills.prefills:
-        torch_paged.run_plan(plan.prefills, query, key_cache, value_cache, scale, out, new_key, new_value)
+        torch_run.run_plan(plan.prefills, query, key_cache, value_cache, scale, out, new_key, new_value)
     return out

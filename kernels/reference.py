@@ -7,7 +7,8 @@ Layout shared by every backend:
 - a flat batch of ``T`` new tokens from ``B`` sequences: ``query`` ``[T, num_heads, head_dim]``,
   ``query_start_loc`` ``[B + 1]`` (sequence ``b`` owns tokens ``query_start_loc[b]:query_start_loc[b+1]``),
   ``seq_lens`` ``[B]`` (context length of each sequence *including* its new tokens),
-  ``block_tables`` ``[B, max_blocks]`` (pages of each sequence, in order; unused entries must still be valid block ids, e.g. 0: the torch path gathers them before masking; the Triton kernel never reads them).
+  ``block_tables`` ``[B, max_blocks]`` (pages of each sequence, in order; unused entries must still be valid
+  block ids, e.g. 0: the torch path gathers them before masking; the Triton kernel never reads them).
 - The new tokens of a sequence are its last ``q_len`` positions, so query ``i`` of sequence ``b`` sits at
   position ``p = seq_lens[b] - q_len + i`` and attends causally to positions ``0..p``. A decode is a
   sequence with ``q_len == 1``; a prefill chunk over a cached prefix is ``q_len > 1`` with
@@ -30,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from .torch_paged import build_plan, run_plan
+from .torch_paged import build_plan
+from .torch_run import run_plan
 
 
 def store_kv(
@@ -98,12 +100,15 @@ def paged_attention(
 
 
 def expand_sinks(sinks: torch.Tensor, num_tokens: int, num_heads: int) -> torch.Tensor:
-    """``[num_heads]`` or ``[num_tokens, num_heads]`` sink logits as a float32 ``[num_tokens, num_heads]`` view."""
+    """``[num_heads]`` or ``[num_tokens, num_heads]`` sink logits as a float32 ``[num_tokens, num_heads]`` view
+    (``ValueError`` for any other shape)."""
     sinks = sinks.float()
-    if sinks.dim() == 1:
+    if sinks.dim() == 1 and sinks.shape[0] == num_heads:
         return sinks[None, :].expand(num_tokens, num_heads)
     if tuple(sinks.shape) != (num_tokens, num_heads):
-        raise ValueError(f"sinks has shape {tuple(sinks.shape)}; it must be [{num_heads}] or [{num_tokens}, {num_heads}]")
+        raise ValueError(
+            f"sinks has shape {tuple(sinks.shape)}; it must be [{num_heads}] or [{num_tokens}, {num_heads}]"
+        )
     return sinks
 
 

@@ -8,10 +8,9 @@ works. Values are cast to the cache's dtype on store (fp32, fp16 or bf16). Slots
 the cache are skipped too, so a bad slot can never write outside the cache (the torch reference
 raises on them instead; a kernel cannot).
 
-The launcher checks shapes, dtypes, devices and the strides the kernel relies on (the head dimension
-must be contiguous; every other dimension may have any stride, so transposed views work without a
-copy) and raises ``ValueError`` saying what is wrong and how to fix it. The helpers ``_fail``,
-``_check_float``, ``_check_int``, ``_check_caches`` and ``_check_device`` are shared with ``paged_attention.py``.
+The launcher checks shapes, dtypes, devices and the strides the kernel relies on (``checks.py``: the head
+dimension must be contiguous; every other dimension may have any stride, so transposed views work without a
+copy) and raises ``ValueError`` saying what is wrong and how to fix it.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT_DTYPES = (torch.int32, torch.int64)
+from .checks import check_caches, check_device, check_float, check_int, fail
 
 
 @triton.jit
@@ -65,73 +63,6 @@ def _store_kv_kernel(
     )
 
 
-def _fail(message: str) -> None:
-    raise ValueError(message)
-
-
-def _check_float(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
-    if t.dim() != ndim:
-        _fail(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES:
-        _fail(f"{name} has dtype {t.dtype}; the Triton kernels take float32, float16 or bfloat16: cast it")
-    if t.numel() > 0 and t.stride(-1) != 1:
-        _fail(
-            f"{name} needs a contiguous last (head) dimension, got strides {t.stride()}; "
-            f"pass {name}.contiguous() (the other dimensions may have any stride)"
-        )
-
-
-def _check_int(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
-    if t.dim() != ndim:
-        _fail(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in _INT_DTYPES:
-        _fail(
-            f"{name} has dtype {t.dtype}; it must be torch.int32 or torch.int64: use {name}.to(torch.int32)"
-        )
-
-
-def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike but for the head size
-    (values may have their own); returns the key cache's shape."""
-    layout = "[num_blocks, block_size, num_kv_heads, head_dim]"
-    _check_float("key_cache", key_cache, 4, layout)
-    _check_float("value_cache", value_cache, 4, layout)
-    if value_cache.shape[:3] != key_cache.shape[:3]:
-        _fail(
-            f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ in shape "
-            "(only the head size, the last dimension, may differ)"
-        )
-    if 0 in key_cache.shape[1:] or value_cache.shape[3] == 0:
-        _fail(
-            f"key_cache has shape {tuple(key_cache.shape)}: block_size, num_kv_heads and head_dim must be > 0"
-        )
-    return tuple(key_cache.shape)
-
-
-def _check_device(kernel: object, **tensors: torch.Tensor) -> torch.device:
-    """All tensors on one device, and that device usable by ``kernel``; returns it.
-
-    Whether a kernel runs in Triton's interpreter is fixed when its module is imported (``triton.jit``
-    reads ``TRITON_INTERPRET`` then), so the kernel object itself is asked, not the environment.
-    """
-    devices = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devices.values()))
-    if any(d != first for d in devices.values()):
-        listing = ", ".join(f"{name} on {d}" for name, d in devices.items())
-        _fail(f"all tensors must be on one device, got {listing}; move them with .to(device)")
-    if first.type != "cuda" and isinstance(kernel, triton.runtime.JITFunction):
-        _fail(
-            f"the Triton kernels got {first.type} tensors: they need CUDA tensors, or Triton's interpreter "
-            "to run on the CPU (set TRITON_INTERPRET=1 before importing triton or kvscope); "
-            "or use the torch backend"
-        )
-    return first
-
-
 def store_kv(
     key: torch.Tensor,  # [T, num_kv_heads, head_dim]
     value: torch.Tensor,  # [T, num_kv_heads, head_dim]
@@ -140,20 +71,20 @@ def store_kv(
     slot_mapping: torch.Tensor,  # [T] int, < 0 means "do not store"
 ) -> None:
     """Write each token's K and V into its slot (``block * block_size + offset``); negative slots are skipped."""
-    num_blocks, block_size, num_kv_heads, head_dim = _check_caches(key_cache, value_cache)
+    num_blocks, block_size, num_kv_heads, head_dim = check_caches(key_cache, value_cache)
     head_dim_v = value_cache.shape[3]
     token_layout = f"[num_tokens, num_kv_heads={num_kv_heads}, head_dim={head_dim}]"
-    _check_float("key", key, 3, token_layout)
-    _check_float("value", value, 3, token_layout)
-    _check_int("slot_mapping", slot_mapping, 1, "[num_tokens]")
+    check_float("key", key, 3, token_layout)
+    check_float("value", value, 3, token_layout)
+    check_int("slot_mapping", slot_mapping, 1, "[num_tokens]")
     num_tokens = slot_mapping.shape[0]
     for name, t, dim in (("key", key, head_dim), ("value", value, head_dim_v)):
         if tuple(t.shape) != (num_tokens, num_kv_heads, dim):
-            _fail(
+            fail(
                 f"{name} has shape {tuple(t.shape)} but the cache and slot_mapping need "
                 f"{(num_tokens, num_kv_heads, dim)} = (num_tokens, num_kv_heads, head_dim)"
             )
-    _check_device(
+    check_device(
         _store_kv_kernel,
         key=key,
         value=value,

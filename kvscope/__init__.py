@@ -17,13 +17,13 @@ if TYPE_CHECKING:
     from kvscope.runs.result.run import Run, load
 
 __all__ = ["Comparison", "Engine", "EngineConfig", "ModelSpec", "PDEngine", "RequestOutput", "Run", "SamplingParams",
-           "WatchRun",
-           "compare", "load", "watch"]
+           "WatchRun", "compare", "load", "watch"]
 
 # Imported on first use, so that `kvscope plan` and `kvscope --help` do not pay for torch + transformers.
 _LAZY = {"EngineConfig": "kvscope.engine.config", "ModelSpec": "kvscope.engine.config",
-         "Engine": "kvscope.engine.engine", "PDEngine": "kvscope.pd.engine", "RequestOutput": "kvscope.engine.request",
-         "SamplingParams": "kvscope.engine.request", "Run": "kvscope.runs.result.run", "load": "kvscope.runs.result.run",
+         "Engine": "kvscope.engine.engine", "PDEngine": "kvscope.pd.engine",
+         "RequestOutput": "kvscope.engine.request", "SamplingParams": "kvscope.engine.request",
+         "Run": "kvscope.runs.result.run", "load": "kvscope.runs.result.run",
          "compare": "kvscope.runs.result.comparison", "Comparison": "kvscope.runs.result.comparison",
          "WatchRun": "kvscope.runs.background.watch", "watch": "kvscope.runs.background.watch"}
 

@@ -1,9 +1,11 @@
-"""The import graph: no module of kvscope is in an import cycle, counting imports inside functions and
-under TYPE_CHECKING (grimp, import-linter's graph builder, records both). The layer contracts themselves
-are in pyproject.toml and run by `.ci/lint-imports` in CI."""
+"""The import graph: no module of kvscope is in an import cycle, and no folder either, counting imports inside
+functions and under TYPE_CHECKING (grimp, import-linter's graph builder, records both) and imports by string
+(``import_module("kvscope....")``, a lazy-export table: any string constant in the package that names one of its
+modules). The layer contracts themselves are in pyproject.toml and run by `.ci/lint-imports` in CI."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -21,6 +23,8 @@ import json, sys
 import grimp
 graph = grimp.build_graph("kvscope", cache_dir=None)
 edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+for importer, imported in json.loads(sys.argv[1]):  # imports by string, found by the test (string_imports)
+    edges[importer] = sorted({*edges[importer], imported})
 index, low, stack, on_stack, cycles = {}, {}, [], set(), []
 sys.setrecursionlimit(10_000)
 def visit(v):
@@ -42,7 +46,7 @@ def visit(v):
 for m in edges:
     if m not in index:
         visit(m)
-print(json.dumps({"modules": sorted(edges), "cycles": cycles}))
+print(json.dumps({"modules": sorted(edges), "cycles": cycles, "edges": edges}))
 """
 
 
@@ -67,23 +71,107 @@ def installed_tree(folder: Path, cycle: bool = False) -> Path:
     return folder
 
 
-def find_cycles(tree: Path) -> dict:
+def module_files(tree: Path) -> dict[str, Path]:
+    """Every module of the installed tree and its file (``kvscope.engine`` -> .../engine/__init__.py)."""
+    files = {}
+    for folder, _, names in os.walk(tree / "kvscope", followlinks=True):  # the tree is made of links
+        for path in (Path(folder) / n for n in names if n.endswith(".py")):
+            parts = path.relative_to(tree).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def string_imports(tree: Path) -> list[tuple[str, str]]:
+    """(importer, imported) for every string constant in a module, docstrings aside, that names another module of
+    the package: ``import_module("kvscope.runs.result.run")``, ``{"Run": "kvscope.runs.result.run"}``."""
+    files = module_files(tree)
+    found = []
+    for importer, path in files.items():
+        module = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(module)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(module):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and node.value.startswith("kvscope.") and node.value in files and node.value != importer):
+                found.append((importer, node.value))
+    return sorted(set(found))
+
+
+def find_cycles(tree: Path, extra: list[tuple[str, str]] | None = None) -> dict:
     pytest.importorskip("grimp")
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", FIND_CYCLES], cwd=tree, env=env, capture_output=True,
-                         text=True, timeout=300, check=True).stdout
+    extra = string_imports(tree) if extra is None else extra
+    out = subprocess.run([sys.executable, "-c", FIND_CYCLES, json.dumps(extra)], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
     return json.loads(out)
 
 
+def folder_cycles(tree: Path, edges: dict[str, list[str]]) -> list[list[str]]:
+    """Cycles between folders side by side: at every level of the tree, a folder (its modules and its
+    subfolders') imports a sibling folder only if that sibling never imports it back, directly or around a
+    loop of siblings. The package's own three files (``kvscope/__init__.py``: the public names, imported
+    lazily; ``__main__``; ``_version``) sit above every folder and are left out."""
+    files = module_files(tree)
+    folders = {m for m, path in files.items() if path.name == "__init__.py"} | {
+        m for m in files if (tree / Path(*m.split("."))).is_dir()}
+
+    def chain(module: str) -> list[str]:  # the folders a module sits in, outermost first
+        parts = module.split(".")
+        return [".".join(parts[:i]) for i in range(2, len(parts) + 1) if ".".join(parts[:i]) in folders]
+
+    between: dict[str, set[str]] = {}
+    for importer, imported in ((a, b) for a, bs in edges.items() for b in bs if b.startswith("kvscope.")):
+        a, b = chain(importer), chain(imported)
+        for fa, fb in zip(a, b):
+            if fa != fb:  # the first level where they part: sibling folders
+                between.setdefault(fa, set()).add(fb)
+                break
+    cycles, done = [], set()
+    for start in sorted(between):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(between.get(node, ())):
+                if nxt == start:
+                    key = frozenset(path)
+                    if key not in done:
+                        done.add(key)
+                        cycles.append(path)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return cycles
+
+
 def test_no_import_cycles(tmp_path):
-    graph = find_cycles(installed_tree(tmp_path))
-    assert {"kvscope.engine.engine", "kvscope.kernels.paged_attention", "kvscope.widgets.report"} <= set(graph["modules"])
+    tree = installed_tree(tmp_path)
+    graph = find_cycles(tree)
+    modules = set(graph["modules"])
+    assert {"kvscope.engine.engine", "kvscope.kernels.paged_attention", "kvscope.widgets.report"} <= modules
     assert graph["cycles"] == []
+    assert folder_cycles(tree, graph["edges"]) == []
 
 
 def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     graph = find_cycles(installed_tree(tmp_path, cycle=True))
     assert graph["cycles"] == [["kvscope.zz_a", "kvscope.zz_b"]]
+
+
+def test_the_cycle_check_sees_imports_by_string_and_folder_cycles(tmp_path):
+    """A string naming a module counts as its import; two folders that import each other are a cycle even when
+    no two modules are."""
+    tree = installed_tree(tmp_path)
+    (tree / "kvscope" / "zz_one").mkdir()
+    (tree / "kvscope" / "zz_two").mkdir()
+    for name, body in [("zz_one/__init__.py", ""), ("zz_one/a.py", "LAZY = {'b': 'kvscope.zz_two.b'}\n"),
+                       ("zz_one/c.py", ""), ("zz_two/__init__.py", ""), ("zz_two/b.py", ""),
+                       ("zz_two/d.py", "def f():\n    from kvscope.zz_one import c\n")]:
+        (tree / "kvscope" / name).write_text(body)
+    assert ("kvscope.zz_one.a", "kvscope.zz_two.b") in string_imports(tree)
+    graph = find_cycles(tree)
+    assert graph["cycles"] == []  # no module cycle ...
+    assert folder_cycles(tree, graph["edges"]) == [["kvscope.zz_one", "kvscope.zz_two"]]  # ... but a folder one
 
 
 def contract_folders() -> set[str]:

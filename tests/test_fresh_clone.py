@@ -29,14 +29,28 @@ def python_in(cwd: Path, code: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_no_top_level_folder_is_a_regular_package():
-    """Only ``kvscope`` may be importable as a regular package or module from the clone's root."""
-    shadowing = sorted(
-        p.name for p in ROOT.iterdir()
-        if not p.name.startswith(".") and p.name != "kvscope"
-        and ((p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py")
-    )
-    assert shadowing == [], f"{shadowing} would shadow an installed package of that name from the clone's root"
+# Folders that stand first on sys.path: the root (python -c, python -m pytest, a notebook server started there),
+# examples/ (the notebooks), benchmarks/ (`python benchmarks/x.py`), and the test folders that the tests put there
+# themselves (the conftest.py files, the stand-ins of tests/watched/fakes.py).
+ON_PATH = ("", "examples", "benchmarks", "tests", "tests/watched", "tests/reliability", "tests/telemetry",
+           "tests/widgets")
+
+
+def importable_names(folder: Path) -> set[str]:
+    """What ``import NAME`` finds in ``folder`` as a module or a regular package (a folder without
+    ``__init__.py`` is only a namespace portion: any regular package or module of that name wins over it)."""
+    return {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir()
+                                                    if p.is_dir() and (p / "__init__.py").exists()}
+
+
+def test_no_folder_on_the_path_shadows_an_installed_package():
+    """No module or regular package in a folder that stands first on sys.path has the name of an installed
+    distribution's package or of a standard-library module (``benchmarks/kernels.py`` once hid Hugging Face's
+    ``kernels`` from transformers in every benchmark). Only ``kvscope`` itself, in the root."""
+    taken = set(importlib.metadata.packages_distributions()) | set(sys.stdlib_module_names)
+    clashes = {folder: sorted((importable_names(ROOT / folder) & taken) - {"kvscope"}) for folder in ON_PATH}
+    assert all(not names for names in clashes.values()), clashes
+    assert importable_names(ROOT) == {"kvscope"}  # the root has no other module or regular package at all
 
 
 def test_installed_distributions_win_over_the_clones_folders():

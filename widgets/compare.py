@@ -11,8 +11,8 @@ The key of run colours sits above the plots with a toggle per run, so no legend 
 static reservation is drawn in times the pool. The text parts (header, warnings, table) come from
 ``compare_table.py``. The page maps reuse the report's parts: ``PageMapPanel`` draws each run's map,
 ``panels.replay.page_map_history`` packs its history and ``panels.replay.REPLAY_JS`` rebuilds it at the
-slider's step (in time mode, at the last step that ended by the slider's time). Every text from a run passes ``html.escape`` before it
-reaches a ``Div``.
+slider's step (in time mode, at the last step that ended by the slider's time). Every text from a run passes
+``html.escape`` before it reaches a ``Div``.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ class _Builder:
 
     @property
     def step_span(self) -> tuple[float, float]:
-        return (min(float(s.data["step"][0]) for s in self.sources), max(float(s.data["step"][-1]) for s in self.sources))
+        return (min(float(s.data["step"][0]) for s in self.sources),
+                max(float(s.data["step"][-1]) for s in self.sources))
 
     @property
     def t_max(self) -> float:
@@ -233,7 +234,8 @@ def build_comparison(cmp: Compared):
     b = _Builder(cmp)
     align = RadioButtonGroup(labels=["align by step", "align by time"], active=0, name="compare-align")
     toggle = CheckboxButtonGroup(labels=list(cmp.labels), active=list(range(len(cmp.runs))), name="compare-runs")
-    parts = [Div(text=header_html(cmp), width=FULL_WIDTH, name="compare-header"), Div(text=summary_html(cmp), width=FULL_WIDTH, name="compare-summary"),
+    parts = [Div(text=header_html(cmp), width=FULL_WIDTH, name="compare-header"),
+             Div(text=summary_html(cmp), width=FULL_WIDTH, name="compare-summary"),
              row(align, Div(text="<span style='font-family:sans-serif'>show runs:</span>"), toggle)]
     for section, specs in SERIES.items():
         figures = [f for f in (b.series_figure(*spec) for spec in specs) if f is not None]

@@ -24,7 +24,6 @@ class Compared(Protocol):
     """What is read of a ``kvscope.runs.result.comparison.Comparison`` (this module never imports it: the
     comparison imports this one to draw itself, and imports go one way)."""
 
-    runs: list[RecordedRun]
     labels: list[str]
     summaries: list[dict[str, Any]]
     metrics: Sequence[Any]  # kvscope.runs.result.comparison.Metric: key, name, unit, better
@@ -32,6 +31,8 @@ class Compared(Protocol):
 
     def within_noise(self, key: str, index: int) -> bool: ...
 
+    @property
+    def runs(self) -> Sequence[RecordedRun]: ...  # read only: a Comparison's list of Runs fits
     @property
     def table(self) -> pd.DataFrame: ...
     @property
@@ -91,9 +92,8 @@ def summary_html(cmp: Compared) -> str:
     """The warnings and the summary table as HTML (also ``Comparison._repr_html_``)."""
     table = cmp.table
     first = cmp.labels[0]
-    head = "".join(
-        f"<th style='text-align:right;padding:2px 10px;border-bottom:2px solid {run_color(i)}'>{html.escape(label)}</th>"
-        for i, label in enumerate(cmp.labels))
+    head = "".join(f"<th style='text-align:right;padding:2px 10px;border-bottom:2px solid {run_color(i)}'>"
+                   f"{html.escape(label)}</th>" for i, label in enumerate(cmp.labels))
     rows = []
     for m in cmp.metrics:
         cells = []
@@ -120,7 +120,8 @@ def header_html(cmp: Compared) -> str:
     runs = []
     for i, (label, run) in enumerate(zip(cmp.labels, cmp.runs)):
         s = cmp.summaries[i]
-        facts = f"{run.meta.get('model', '?')} on {run.meta.get('device', '?')}, {s['requests']} requests, {s['steps']} steps"
+        facts = (f"{run.meta.get('model', '?')} on {run.meta.get('device', '?')}, {s['requests']} requests, "
+                 f"{s['steps']} steps")
         runs.append(f"<span style='color:{run_color(i)};font-size:16px'>■</span> <b>{html.escape(label)}</b> "
                     f"<span style='color:#555'>{html.escape(facts)}</span>")
     diffs = "; ".join(f"{html.escape(k)}: " + " · ".join(html.escape(str(v)) for v in values)

@@ -26,7 +26,8 @@ class _SweepBox(w.VBox):
 
 
 class SweepView:
-    def __init__(self, sweep: Any) -> None:  # a kvscope.runs.background.sweep.Sweep (not imported: it imports this module)
+    # sweep: a kvscope.runs.background.sweep.Sweep (not imported: it imports this module)
+    def __init__(self, sweep: Any) -> None:
         self.sweep = sweep
         self.status = w.HTML()
         self.table = w.HTML()

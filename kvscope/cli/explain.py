@@ -4,7 +4,8 @@
 - ``kvscope explain --prompts FILE --tokenizer MODEL_OR_DIR``: a workload, offline: the simulator's engine (the
   real scheduler and block pool, no model) runs the prompts under ``--block-size``, ``--num-blocks`` /
   ``--kv-memory`` and ``--max-num-seqs``, so evictions under that memory show;
-- ``--engine vllm``: vLLM's rules for the same prompts sent one after another (``kvscope.explain.sharing.predict_vllm``).
+- ``--engine vllm``: vLLM's rules for the same prompts sent one after another
+  (``kvscope.explain.sharing.predict_vllm``).
 
 It prints the tokens missed by cause and the top divergence points; ``--json OUT`` writes
 ``{"prefix_cache_queries", "prefix_cache_hits", "requests": [...]}`` (one row per request, in arrival order).
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.cli.command import Command
+from kvscope.cli.explain_report import explain_run, explain_vllm
 from kvscope.cli.parser import CLIError
 from kvscope.cli.paths import check_output
 from kvscope.options.values import block_size, memory_size, out_path, positive_int
@@ -87,12 +89,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     output = check_output(str(args.json), "JSON", "--json", inputs=inputs) if args.json else None
     tokenizer = _tokenizer(args.tokenizer) if args.tokenizer else None
     if args.engine == "vllm":
-        doc, text = _vllm(args, tokenizer)
+        doc, text = explain_vllm(_prompt_ids(args, tokenizer), args.block_size or 16, tokenizer, args.top)
     else:
         run = _load(args.run) if args.run else _simulate(args, tokenizer)
         if tokenizer is None and args.run:
             tokenizer = _tokenizer(str(run.meta.get("model", "")), quiet=True)
-        doc, text = _explain_run(run, tokenizer, args.top)
+        doc, text = explain_run(run, tokenizer, args.top)
     print(text)
     if output is not None:
         from kvscope.utils.files import atomic_write
@@ -148,105 +150,6 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     return [list(tokenizer.encode(line)) for line in lines]
-
-
-def _decode(tokenizer: Any):
-    if tokenizer is None:
-        return None
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
-def _explain_run(run, tokenizer: Any, top: int) -> tuple[dict[str, Any], str]:
-    from kvscope.explain.prefix import prefix_misses
-    from kvscope.explain.report import (
-        add_text,
-        explain_document,
-        format_report,
-        row_dicts,
-        top_divergences,
-        totals,
-    )
-    from kvscope.explain.waits import format_queue, queue_rows, queue_times, queue_totals
-
-    try:
-        rows = prefix_misses(run.records, run.events, {**run.meta, "t0_ns": run.t0_ns})
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
-    prompts = {e.request_id: list(e.prompt_token_ids) for e in run.events if e.kind == "queued"}
-    dicts = row_dicts(rows)
-    add_text(dicts, prompts, _decode(tokenizer))
-    summary = totals(rows)
-    last = run.records[-1].kv if run.records else None
-    queries = last.prefix_cache_queries if last else sum(r.num_prompt_tokens for r in rows)
-    hits = last.prefix_cache_hits if last else summary["tokens_hit"]
-    points = top_divergences(dicts, top)
-    waits = queue_times(run.records, run.events)
-    queue = queue_totals(waits)
-    doc = explain_document(
-        dicts,
-        queries,
-        hits,
-        engine="kvscope",
-        block_size=int(run.meta["block_size"]),
-        totals=summary,
-        top_divergences=points,
-        queue_totals=queue,
-        queue=queue_rows(waits),
-    )
-    from kvscope.cli.explain_offline import slow_report
-
-    slow, slow_text = slow_report(run)
-    doc["slow_steps"] = slow
-    return doc, format_report(summary, points, queries, hits) + "\n\n" + format_queue(
-        queue
-    ) + "\n\n" + slow_text
-
-
-def _vllm(args: argparse.Namespace, tokenizer: Any) -> tuple[dict[str, Any], str]:
-    from kvscope.explain.report import add_text, explain_document, format_report, top_divergences
-    from kvscope.explain.sharing import predict_vllm, share_prompts
-
-    prompts = _prompt_ids(args, tokenizer)
-    bs = args.block_size or 16
-    prediction = predict_vllm(prompts, bs)
-    shares = share_prompts([(str(i), p) for i, p in enumerate(prompts)], bs)
-    rows = [
-        {
-            "request_id": s.request_id,
-            "num_prompt_tokens": s.num_prompt_tokens,
-            "num_cached_tokens": hit,
-            "num_reusable_tokens": s.num_reusable_tokens,
-            "miss_cause": None,
-            "diverged_at": s.diverged_at,
-            "diverged_from": s.diverged_from,
-        }
-        for s, hit in zip(shares, prediction.hits)
-    ]
-    add_text(rows, {str(i): p for i, p in enumerate(prompts)}, _decode(tokenizer))
-    points = top_divergences(rows, args.top)
-    summary = {
-        "num_requests": len(rows),
-        "tokens_reusable": sum(r["num_reusable_tokens"] for r in rows),
-        "tokens_missed": 0,
-        "requests_by_cause": {},
-        "tokens_missed_by_cause": {},
-    }
-    doc = explain_document(
-        rows,
-        prediction.prefix_cache_queries,
-        prediction.prefix_cache_hits,
-        engine="vllm",
-        block_size=bs,
-        top_divergences=points,
-    )
-    text = format_report(
-        summary,
-        points,
-        prediction.prefix_cache_queries,
-        prediction.prefix_cache_hits,
-        title=f"vLLM prefix cache (predicted, block size {bs}, prompts sent one after another)",
-    )
-    return doc, text
 
 
 def _simulate(args: argparse.Namespace, tokenizer: Any):

@@ -73,7 +73,7 @@ def slow_report(run) -> tuple[list[dict[str, Any]], str]:
 
     from kvscope.explain.slow import format_slow, slow_steps
     from kvscope.sim.calibrate import fit_step_model
-    from kvscope.sim.features import StepFeatures
+    from kvscope.telemetry.step_features import StepFeatures
 
     bs = int(run.meta["block_size"])
     try:

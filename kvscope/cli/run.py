@@ -34,7 +34,8 @@ examples:
   kvscope run --model ./my-hf-folder --requests 16 --kv-memory 256MiB --max-num-seqs 8
 
 Every run writes PREFIX.html (report: open in a browser), PREFIX.trace.json (kvscope view
-PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path) in Python); --out sets PREFIX."""
+PREFIX.trace.json --perfetto: a local Perfetto UI, offline) and PREFIX.metrics.jsonl (kvscope.load(path)
+in Python); --out sets PREFIX."""
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -27,19 +27,28 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 
 @contextmanager
-def stop_signals() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
-    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
+def _handled(names: tuple[str, ...], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """While the block runs, ``handler`` takes the signals ``names`` (those this platform has); the previous
+    handlers after. Only the main thread can set handlers: elsewhere nothing changes."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for name in ("SIGTERM", "SIGHUP"):
+        for name in names:
             if hasattr(signal, name):
-                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), _raise_stop)
+                signum = getattr(signal, name)
+                previous[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise ``StopSignal`` (Python's default for them is to die
+    at once, writing nothing); the previous handlers after. Only the main thread can set handlers."""
+    with _handled(("SIGTERM", "SIGHUP"), _raise_stop):
+        yield
 
 
 def signal_number(exc: KeyboardInterrupt) -> int:
@@ -61,17 +70,10 @@ def wait_until_done(run: Any) -> None:
 def files_first(what: str) -> Iterator[None]:
     """While the block writes ``what`` after a stop, SIGINT, SIGTERM and SIGHUP only say so (the files of
     what finished are the point of stopping: another Ctrl-C must not lose them). Main thread only."""
-    previous = {}
 
     def say(signum: int, frame: Any) -> None:
         with suppress(OSError):
             print(f"kvscope: {signal.Signals(signum).name}: writing {what} first", file=sys.stderr, flush=True)
-    if threading.current_thread() is threading.main_thread():
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-            if hasattr(signal, name):
-                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), say)
-    try:
+
+    with _handled(("SIGINT", "SIGTERM", "SIGHUP"), say):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

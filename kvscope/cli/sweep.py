@@ -1,5 +1,6 @@
-"""``kvscope sweep``: the same seeded workload once per value of one run option (``kvscope.runs.background.sweep``), a line
-per run as it ends, then the comparison page and its CSV (``kvscope.cli.compare.write_comparison``).
+"""``kvscope sweep``: the same seeded workload once per value of one run option
+(``kvscope.runs.background.sweep``), a line per run as it ends, then the comparison page and its CSV
+(``kvscope.cli.compare.write_comparison``).
 
 SIGINT (Ctrl-C), SIGTERM and SIGHUP stop a sweep alike, as ``kvscope run``: the run going is stopped, the
 comparison of the runs that finished is written, a line says so, and the exit code is 128 + the signal's

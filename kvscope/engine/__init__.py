@@ -4,9 +4,10 @@ and the engine as a telemetry source (``source.py``).
 
 - ``core/``: the scheduler, the KV cache manager and its block pool, KV cache groups, and the types a step
   hands from one part to the next (``output.py``). Needs no model.
-- ``worker/``: the model runner, the paged attention registered in transformers, the sampler and the fused
-  projections: the only part that runs a model.
-- ``spec_decode/``: speculative decoding (n-gram and draft-model proposers, rejection sampling).
+- ``worker/``: the model runner, the paged attention registered in transformers, the sampler (and its rejection
+  sampling of drafts) and the fused projections: the only part that runs a model.
+- ``spec_decode/``: speculative decoding (n-gram and draft-model proposers; the worker verifies their drafts).
+- ``protocols.py``: the seams, typed: the ``Worker`` an engine drives, the ``EngineClient`` the runs drive.
 
 ``from kvscope import Engine`` is the public way in.
 """

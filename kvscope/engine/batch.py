@@ -8,13 +8,8 @@ from itertools import compress
 
 from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request
-from kvscope.telemetry.records import (
-    BatchCounts,
-    BatchSummary,
-    RequestProgress,
-    ScheduledItem,
-    SpecDecodeStats,
-)
+from kvscope.telemetry.inputs import BatchCounts, BatchSummary, RequestProgress
+from kvscope.telemetry.records import ScheduledItem, SpecDecodeStats
 
 
 def batch_summary(step: int, sched: SchedulerOutput, sampled: list[Request], num_finished: int,

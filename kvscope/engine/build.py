@@ -22,6 +22,7 @@ from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.kv_groups import KVCacheConfig, plan_kv_cache_groups
 from kvscope.engine.core.scheduler import Scheduler
 from kvscope.engine.probe.probe import probe_model
+from kvscope.engine.protocols import Worker
 from kvscope.engine.sizing import resolve_dtype, resolve_max_model_len, resolve_num_blocks
 from kvscope.engine.spec_decode import Speculator, build_speculator
 from kvscope.engine.worker.fusion import accelerate
@@ -41,7 +42,7 @@ class EngineParts:
     spec: ModelSpec  # spec.max_model_len: the engine's (EngineConfig.max_model_len checked)
     fused_linears: Any
     kv_config: KVCacheConfig | None
-    runner: ModelRunner  # or a model-free worker with the same methods (kvscope.sim.worker)
+    runner: Worker[Any, Any]  # a ModelRunner, or the simulator's model-free SimWorker (kvscope.sim.worker)
     pool: BlockPool
     kv: KVCacheManager
     scheduler: Scheduler

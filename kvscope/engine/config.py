@@ -17,6 +17,7 @@ import torch
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.validation import UINT64_MAX, check_bool, check_int, check_real, parse_device
 from kvscope.models.hf_config import kv_bytes_per_token
+from kvscope.models.hf_config import max_positions as hf_max_positions
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -130,18 +131,12 @@ class ModelSpec:
         return total * self.dtype_bytes
 
 
-POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
-                   "max_seq_len")  # fmt: skip
-DEFAULT_MAX_POSITIONS = 2048
+DEFAULT_MAX_POSITIONS = 2048  # a config that declares no length (the position names: models.hf_config)
 
 
 def max_positions(text_config: Any) -> int:
-    """The longest sequence a config declares (the first positive one of ``POSITION_LIMITS``), else 2048."""
-    for name in POSITION_LIMITS:
-        value = getattr(text_config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            return value
-    return DEFAULT_MAX_POSITIONS
+    """The longest sequence a loaded model's text config declares, else 2048 (``hf_config.max_positions``)."""
+    return hf_max_positions(text_config, DEFAULT_MAX_POSITIONS)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 
@@ -15,34 +15,35 @@ from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.generate import GenerateMixin, Prompt
 from kvscope.engine.profiling import ProfilingMixin
+from kvscope.engine.protocols import StepInput
 from kvscope.engine.request import (
     Request,
     RequestOutput,
     RequestStatus,
     SamplingParams,
     StreamDelta,
-    checked_params,
-    next_request_id,
+    new_request,
     rejected_request,
 )
 from kvscope.engine.source import EngineSource, StepClock, make_recorder, run_metadata
-from kvscope.engine.validation import prompt_ids, resolve_device
-from kvscope.engine.worker.model_input import ModelInput
+from kvscope.engine.validation import resolve_device
 from kvscope.telemetry.phase_marks import NULL_MARKS, PhaseMarks
 from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import StepRecord
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
-def _locked(method: F) -> F:
+
+def _locked(method: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
     """Run ``method`` holding the engine's lock (see ``Engine``: one thread inside at a time)."""
 
     @wraps(method)
-    def locked(self: Engine, *args, **kwargs):
+    def locked(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             return method(self, *args, **kwargs)
 
-    return locked  # type: ignore[return-value]
+    return locked
 
 
 class Engine(GenerateMixin, ProfilingMixin):
@@ -121,13 +122,10 @@ class Engine(GenerateMixin, ProfilingMixin):
         """Validate a prompt and its parameters into a ``Request``. Raises ``TypeError`` (a prompt or
         params of the wrong type) or ``ValueError`` (empty, too long, outside the vocabulary, an id in
         use), naming the problem; the engine is left as it was."""
-        params = checked_params(params)
-        if request_id is not None and (not isinstance(request_id, str) or not request_id):
-            raise TypeError(f"request_id={request_id!r} must be a non-empty string (or None for a new one)")
-        ids, text = prompt_ids(prompt, self.tokenizer, self.spec.vocab_size, self.max_model_len)
-        request_id = request_id or next_request_id()
-        self._check_id_free(request_id)
-        return Request(request_id, ids, params, prompt=text, arrival_time=self.clock.now_ns() / 1e9)
+        request = new_request(prompt, params, request_id, self.tokenizer, self.spec.vocab_size, self.max_model_len,
+                              self.clock.now_ns() / 1e9)
+        self._check_id_free(request.request_id)
+        return request
 
     def _check_id_free(self, request_id: str) -> None:
         if request_id in self.requests:
@@ -153,13 +151,10 @@ class Engine(GenerateMixin, ProfilingMixin):
     @_locked
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; its blocks return to the pool. False if it is unknown or done."""
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return False
-        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-        if self.speculator is not None:
-            self.speculator.free(request_id)
-        self.source.event("finished", request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
         return True
 
     @_locked
@@ -212,7 +207,7 @@ class Engine(GenerateMixin, ProfilingMixin):
             self.source.step_done(sched, None, clock)
             return out
         clock.phase("prepare")
-        inp = self.runner.prepare(sched)
+        inp: StepInput = self.runner.prepare(sched)
         clock.phase("forward")
         try:  # a plain try rather than a context manager: no generator per step
             logits = self.runner.forward(inp)
@@ -230,7 +225,7 @@ class Engine(GenerateMixin, ProfilingMixin):
         self.source.step_done(sched, update, clock)
         return out
 
-    def _sample(self, logits: torch.Tensor, inp: ModelInput) -> tuple[list[int], dict[str, int] | None]:
+    def _sample(self, logits: Any, inp: StepInput) -> tuple[list[int], dict[str, int] | None]:
         """A token per sample request, or with drafts in the step their verification (rejection sampling)."""
         if inp.spec_drafts is None:
             return self.runner.sample(logits, inp), None
@@ -245,7 +240,8 @@ class Engine(GenerateMixin, ProfilingMixin):
     def _outputs(self, update: SchedulerUpdate) -> list[StreamDelta]:
         """One ``StreamDelta`` per new token (accepted drafts first), the last of a finished request
         marked so."""
-        deltas, accepted = [], update.spec_accepted
+        deltas: list[StreamDelta] = []
+        accepted = update.spec_accepted
         for request, token in zip(update.requests, update.token_ids):
             rid, index, status = request.request_id, request.index, request.status
             if accepted:

@@ -8,11 +8,16 @@ whether its own requests are done (another thread's step may have finished them)
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from kvscope.engine.request import Request, RequestOutput, SamplingParams, StreamDelta
 from kvscope.engine.validation import is_one_prompt
+
+if TYPE_CHECKING:
+    from kvscope.telemetry.records import StepRecord
 
 Prompt = str | list[int]  # also a tuple, or a 1-D integer np.ndarray / torch.Tensor, of token ids
 
@@ -20,18 +25,41 @@ Prompt = str | list[int]  # also a tuple, or a 1-D integer np.ndarray / torch.Te
 class GenerateMixin:
     """Run prompts to completion (``generate``) or token by token (``stream``)."""
 
-    def _add_all(self, prompts: Prompt | Sequence[Prompt], params) -> list[Request]:
+    # What the mixin uses of ``Engine``, declared for the type checker (``Engine`` defines each; mypy checks
+    # that its definitions agree with these).
+    _lock: threading.RLock
+    tokenizer: Any
+
+    if TYPE_CHECKING:
+        def make_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                         request_id: str | None = None) -> Request: ...
+
+        def add_request(self, prompt: Prompt | Request, params: SamplingParams | None = None,
+                        request_id: str | None = None) -> str: ...
+
+        def step(self, deltas: bool = True) -> list[StreamDelta]: ...
+
+        def abort(self, request_id: str) -> bool: ...
+
+        def record_state(self) -> StepRecord | None: ...
+
+        def output(self, request: Request) -> RequestOutput: ...
+
+        def decode(self, token_ids: list[int]) -> str: ...
+
+    def _add_all(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
         """Validate every prompt of a ``generate`` / ``stream`` call, then queue them all (under the lock,
         so no step runs between). One bad prompt refuses the whole call, naming it ("prompt 3: ..."),
         before anything is queued."""
-        if is_one_prompt(prompts):
-            prompts = [prompts]
-        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        # one prompt (a string, 1-D token ids: is_one_prompt checks which) or a sequence of them
+        batch = [cast(Prompt, prompts)] if is_one_prompt(prompts) else cast(Sequence[Prompt], prompts)
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(batch)
+        if len(params_list) != len(batch):
+            raise ValueError(f"got {len(batch)} prompts but {len(params_list)} SamplingParams")
         with self._lock:
             requests = []
-            for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+            for i, (prompt, p) in enumerate(zip(batch, params_list)):
                 try:
                     request = self.make_request(prompt, p)
                 except (TypeError, ValueError) as exc:
@@ -120,7 +148,8 @@ class GenerateMixin:
         ``{"role": ..., "content": ...}``) or a list of them; each is put through the tokenizer's chat template
         (with the prompt for the assistant's turn) and generated from its token ids. ``ValueError`` when the
         tokenizer has no chat template (a base model: use ``generate``)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        one = bool(messages) and isinstance(messages[0], dict)  # one conversation, or a list of them
+        conversations = [cast(Sequence[dict], messages)] if one else list(cast(Sequence[Sequence[dict]], messages))
         prompts = [chat_prompt_ids(self.tokenizer, c) for c in conversations]
         outputs = self.generate(prompts, params)
         for out in outputs:  # the templated prompt, as vLLM's RequestOutput.prompt

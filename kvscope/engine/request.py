@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvscope.engine.validation import UINT64_MAX, check_bool, check_int, check_real, token_ids
+from kvscope.engine.validation import UINT64_MAX, check_bool, check_int, check_real, prompt_ids, token_ids
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): at 1e-5 a logit gap of 0.001 is already a
 # factor e^100 between two tokens, so the distribution is the argmax to float32 precision, while
@@ -159,6 +159,18 @@ def checked_params(params: SamplingParams | None) -> SamplingParams:
 
 def next_request_id() -> str:
     return f"req-{next(_request_counter)}"
+
+
+def new_request(prompt: Any, params: SamplingParams | None, request_id: str | None, tokenizer: Any,
+                vocab_size: int, max_model_len: int, arrival_time: float) -> Request:
+    """A prompt and its params checked into a ``Request`` (``Engine.make_request``; vLLM's input processing):
+    ``TypeError`` for a prompt, params or id of the wrong type, ``ValueError`` for a bad value (empty, too long,
+    outside the vocabulary), each naming the problem. ``request_id`` None: a new one."""
+    params = checked_params(params)
+    if request_id is not None and (not isinstance(request_id, str) or not request_id):
+        raise TypeError(f"request_id={request_id!r} must be a non-empty string (or None for a new one)")
+    ids, text = prompt_ids(prompt, tokenizer, vocab_size, max_model_len)
+    return Request(request_id or next_request_id(), ids, params, prompt=text, arrival_time=arrival_time)
 
 
 def rejected_request(prompt: Any, params: Any, error: str, tokenizer: Any = None) -> Request:

@@ -23,17 +23,15 @@ from kvscope.engine.config import EngineConfig, ModelSpec
 from kvscope.engine.core.block_pool import BlockPool
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.core.scheduler import Scheduler
+from kvscope.engine.protocols import Worker
 from kvscope.engine.request import Request, RequestStatus
 from kvscope.engine.spec_decode import Speculator
 from kvscope.engine.worker.model_runner import ModelRunner
+from kvscope.telemetry.inputs import BatchSummary, StepTimings
 from kvscope.telemetry.memory import MemoryProbe
 from kvscope.telemetry.phase_marks import PhaseMarks
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import (
-    BatchSummary,
-    StepRecord,
-    StepTimings,
-)
+from kvscope.telemetry.records import StepRecord
 from kvscope.utils.clock import WALL_CLOCK, Clock
 
 
@@ -57,7 +55,8 @@ class StepClock:
     def timings(self) -> StepTimings:
         """The step's ``StepTimings``, ending now; the phases it skipped repeat its last time."""
         t = self.times
-        return StepTimings(*t, *[t[-1]] * (5 - len(t)), self.clock.now_ns())
+        t = t + [t[-1]] * (5 - len(t))
+        return StepTimings(t[0], t[1], t[2], t[3], t[4], self.clock.now_ns())
 
 
 class GcTimer:
@@ -129,16 +128,18 @@ class EngineSource:
     def record(self, sched: SchedulerOutput, sampled: list[Request], num_finished: int,
                timings: StepTimings, update: SchedulerUpdate | None = None) -> StepRecord:
         """The step's record: its batch summary, the speculator's stats and the scheduler's counters
-        (what ``benchmarks/overhead.py`` times as telemetry's cost per step)."""
+        (what ``benchmarks/overhead.py`` times as telemetry's cost per step). Only with telemetry on."""
+        recorder = self.recorder
+        assert recorder is not None, "EngineSource.record is called only when the engine records"
         accepted, spec = update.spec_accepted if update is not None else {}, None
         if self.speculator is not None:
             spec = self.speculator.stats(sched.scheduled_spec_decode_tokens, sched.requests, accepted,
                                          update.spec_freed if update is not None else {}, self.block_size)
-        make = batch_summary if self.recorder.detail else light_batch  # light: a step the window will not keep
+        make = batch_summary if recorder.detail else light_batch  # light: a step the window will not keep
         batch = make(self.step_index, sched, sampled, num_finished, accepted, spec)
         gc_total = GC_TIMER.total_ns
         batch.wait_reason, batch.gc_ns, self._gc_seen = self.scheduler.wait_reason, gc_total - self._gc_seen, gc_total
-        return self.recorder.record_step(batch, timings, self.scheduler.make_stats())
+        return recorder.record_step(batch, timings, self.scheduler.make_stats())
 
     def record_state(self) -> StepRecord | None:
         """``Engine.record_state``: a zero-duration record with nothing scheduled, if the state changed."""
@@ -195,8 +196,8 @@ def run_metadata(
     model_name: str,
     config: EngineConfig,
     spec: ModelSpec,
-    runner: ModelRunner,
-    device: torch.device,
+    runner: Worker[Any, Any],
+    device: torch.device | None,
     model: torch.nn.Module | None,
     speculator: Speculator | None = None,
 ) -> dict[str, Any]:
@@ -221,7 +222,7 @@ def run_metadata(
         "num_blocks": runner.num_blocks,
         "block_size": config.block_size,
         "device": str(device),
-        "attention_backend": runner.backend.name,
+        "attention_backend": runner.backend_name,
         "weights_bytes": weights_bytes(model, spec),
         "kv_pool_bytes": int(runner.kv_cache_bytes),
         # KV cache groups (kvscope.engine.core.kv_groups): layers per group, slots, padding, why a window is not freed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any
+from typing import Any, Literal, Protocol, TypeGuard, overload
 
 import torch
 
@@ -27,6 +27,16 @@ def _show(value: Any) -> str:
     """``repr(value)``, cut short for a huge number (a 400-digit int would fill the message)."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:12]}...({len(text)} characters)"
+
+
+@overload
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, optional: Literal[False] = False,
+              must: str = "") -> int: ...
+
+
+@overload
+def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, optional: bool,
+              must: str = "") -> int | None: ...
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None, *, optional: bool = False,
@@ -75,7 +85,17 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _is_array(value: Any) -> bool:
+class _Array(Protocol):
+    """A NumPy array or a torch tensor, as far as the checks read one."""
+
+    ndim: int
+    shape: Any
+    dtype: Any
+
+    def tolist(self) -> Any: ...
+
+
+def _is_array(value: object) -> TypeGuard[_Array]:
     return hasattr(value, "ndim") and hasattr(value, "dtype") and hasattr(value, "tolist")
 
 
@@ -176,7 +196,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
                              "(torch.cuda.is_available() is False); use device='cpu'")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device={str(device)!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+            raise ValueError(f"device={str(device)!r}: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}")
         return dev
     why = "meta tensors hold no data" if dev.type == "meta" else f"'{dev.type}' is not supported"
     raise ValueError(f"device={str(device)!r} cannot run a model ({why}); kvscope runs on 'cpu' or 'cuda'")

@@ -13,8 +13,9 @@ and the earlier requests that hold that block (its providers):
 - ``evicted``: a provider had it and every provider had let it go: it was evicted before the lookup. Then
   ``released_s`` (when its last provider let it go), ``evicted_at_step`` (the first step after that at which
   the page map shows a cached page of a provider taken for other content; else the first step that evicted
-  anything), ``idle_s`` (released to evicted) and the pressure then: ``pool_filled`` (blocks used or cached, of the pool,
-  before that step: at 1 every new block evicts one) and ``num_waiting`` (requests waiting after it).
+  anything), ``idle_s`` (released to evicted) and the pressure then: ``pool_filled`` (blocks used or cached,
+  of the pool, before that step: at 1 every new block evicts one) and ``num_waiting`` (requests waiting after
+  it).
 
 Nothing here needs the engine: the prompts come from ``queued`` events (``prompt_token_ids``), progress from
 each step's ``ScheduledItem.context_len``, evictions from the page map.

@@ -1,9 +1,12 @@
-"""Why a step was slow: steps far above what the run's own step-time model expects, and what was different.
+"""Why a step was slow: steps far above what a step-time model expects of them, and what was different.
 
-``slow_steps(records, expected)``: ``expected(record)`` is the step time (seconds) the run's calibrated model
-predicts for what the step computed (``kvscope.sim.calibrate.fit_step_model`` on the run itself, passed in by the
-caller: this package does not import the simulator). A step whose duration is at least ``ratio`` times that
-(and ``min_excess_s`` more) is flagged with what set it apart from the steps before it:
+``slow_steps(records, expected)``: ``expected(record)`` is the step time (seconds) a model of the run expects for
+what the step computed, passed in by the caller (this package imports neither the simulator nor a source):
+``kvscope explain`` gives the line of the model ``kvscope calibrate`` fits on the run itself
+(``kvscope.sim.calibrate.fit_step_model``), the report's panel the run's online baseline replayed
+(``kvscope.telemetry.step_baseline.judge_steps``). A step is slow by the baseline's ``SlowRule``: at least
+``ratio`` times that (and ``min_excess_s`` more; its defaults, ``SLOW_RATIO`` and ``MIN_EXCESS_S``). It is flagged
+with what set it apart from the steps before it:
 
 - ``gc``: the garbage collector ran for at least a fifth of the excess (``StepRecord.gc_ns``);
 - ``profiled``: a torch.profiler window was open (``StepRecord.profile``);
@@ -20,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvscope.telemetry.records import StepRecord
+from kvscope.telemetry.step_baseline import MIN_EXCESS_S, SLOW_RATIO, SlowRule
 
 PHASE_FIELDS = ("schedule_ns", "prepare_ns", "forward_ns", "sample_ns", "update_ns")
-SLOW_RATIO = 2.0
-MIN_EXCESS_S = 1e-3
 GC_SHARE = 0.2  # a GC pause explains a slow step when it is at least this share of the excess
 
 
@@ -51,6 +53,7 @@ def slow_steps(
     min_excess_s: float = MIN_EXCESS_S,
 ) -> list[SlowStep]:
     """The steps at least ``ratio`` x (and ``min_excess_s`` over) their expected time, with what differed."""
+    rule = SlowRule(ratio, min_excess_s, warmup_steps=0)
     steps = _timed(records)
     if not steps:
         return []
@@ -69,7 +72,7 @@ def slow_steps(
         record_growth = growth > growth_max > 0
         growth_max = max(growth_max, growth)
         duration, want = r.duration_ns / 1e9, max(expected(r), 1e-9)
-        if duration < ratio * want or duration - want < min_excess_s:
+        if not rule.is_slow(duration, want):
             continue
         slow = SlowStep(r.step, duration, want, duration / want)
         if r.gc_ns and r.gc_ns >= GC_SHARE * (duration - want) * 1e9:

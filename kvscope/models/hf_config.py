@@ -5,7 +5,8 @@ faces' early checks read it without torch or transformers), and the KV arithmeti
   folder (missing, not UTF-8, not JSON, nested too deeply, not an object);
 - ``text_part``: the settings of the language model (``text_config`` of a multimodal config, else all);
 - ``decoder_dims``, ``max_positions``, ``sliding_layers``, ``gives_size``: what those settings say, under
-  each family's names (``num_hidden_layers`` / ``n_layer``, ``hidden_size`` / ``n_embd``, ...);
+  each family's names (``num_hidden_layers`` / ``n_layer``, ``hidden_size`` / ``n_embd``, ...); the planner's
+  ``ModelShape`` is made of them (``kvscope.planning.shapes.shape_of_config``);
 - ``kv_bytes_per_token``: 2 (K and V) x layers x KV heads x head dim x bytes per element, the formula both
   the planner and the engine's ``ModelSpec`` use.
 """
@@ -37,7 +38,8 @@ def parse_config(path: str | os.PathLike) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError("config.json is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"config.json is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ConfigError(f"config.json is not valid JSON ({exc.msg} at {where})") from None
     except RecursionError:
         raise ConfigError("config.json is nested too deeply to read") from None
     except IsADirectoryError:
@@ -90,10 +92,11 @@ def decoder_dims(text: Mapping[str, Any]) -> DecoderDims | None:
     return DecoderDims(layers, heads, text.get("num_key_value_heads") or heads, text.get("head_dim") or hidden // heads)
 
 
-def max_positions(text: Mapping[str, Any], default: int = 0) -> int:
-    """The longest sequence the settings declare (the first positive one of ``POSITION_LIMITS``), else ``default``."""
+def max_positions(text: Mapping[str, Any] | Any, default: int = 0) -> int:
+    """The longest sequence the settings declare (the first positive one of ``POSITION_LIMITS``), else ``default``.
+    ``text``: the settings as a dict, or a transformers config (read by attribute: the engine's loaded model)."""
     for name in POSITION_LIMITS:
-        value = text.get(name)
+        value = text.get(name) if isinstance(text, Mapping) else getattr(text, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 1:
             return value
     return default

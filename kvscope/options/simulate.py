@@ -7,8 +7,9 @@ import argparse
 
 from kvscope.options.parser import OptionError
 from kvscope.options.values import out_path, probability
+from kvscope.planning.gpus import GPUS
 
-GPU_NAMES = "a100-40gb, a100-80gb, h100, h100-pcie, h200, l4, a10g, rtx-4090, mi300x"
+GPU_NAMES = ", ".join(GPUS)
 
 
 def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) -> None:
@@ -18,8 +19,9 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
         sim.add_argument("--simulate", action="store_true", help="simulate each run (kvscope simulate) instead of "
                          "running the model: a sweep in seconds; needs --step-model, --gpu or --replay")
     sim.add_argument("--step-model", metavar="FILE", help="step times from a model fitted by `kvscope calibrate`")
-    sim.add_argument("--gpu", metavar="NAME", help=f"step times from a roofline of this GPU's data sheet ({GPU_NAMES}); "
-                     "its memory minus the weights and a 4 GiB activation reserve is the KV pool unless given")
+    sim.add_argument("--gpu", metavar="NAME", help="step times from a roofline of this GPU's data sheet "
+                     f"({GPU_NAMES}); its memory minus the weights and a 4 GiB activation reserve is the KV pool "
+                     "unless given")
     sim.add_argument("--replay", metavar="RUN", type=out_path, help="submit a recorded run's requests (prompts, "
                      "output lengths, arrival times; --rate re-times them) and take its model shape; without "
                      "--step-model or --gpu, calibrate on that run itself")

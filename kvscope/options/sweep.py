@@ -21,6 +21,7 @@ class Values(list):
     """The values of a listed option, with the text each was given as (for labels)."""
 
     __slots__ = ("texts",)
+    texts: list[str]
 
 
 def sweepable(spec: OptionSpec) -> bool:

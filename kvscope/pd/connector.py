@@ -16,10 +16,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvscope.pd.config import KVTransferConfig
+
+if TYPE_CHECKING:
+    import zmq  # imported on first use: only the zmq transport needs it
 
 
 class TransferError(RuntimeError):
@@ -78,8 +82,9 @@ class Connector:
     def __init__(self, config: KVTransferConfig) -> None:
         self.config = config
         self.transport = config.transport
-        self._ctx = self._pull = None
-        self._pushes: dict[str, object] = {}
+        self._ctx: zmq.Context | None = None
+        self._pull: zmq.Socket | None = None
+        self._pushes: dict[str, zmq.Socket] = {}
         self.address: str | None = None  # a consumer's ZMQ address
         if self.transport == "zmq" and config.kv_role == "kv_consumer":
             import zmq
@@ -104,17 +109,18 @@ class Connector:
                 return TransferHandle(tid, "shm", 0)
             seg = shared_memory.SharedMemory(name=f"kvscope_{tid}", create=True, size=nbytes)
             try:
-                pack_blocks(tensors, block_ids, seg.buf[:nbytes])
+                pack_blocks(tensors, block_ids, _segment_bytes(seg, nbytes))
             finally:
                 seg.close()
-                resource_tracker.unregister(seg._name, "shared_memory")  # the consumer unlinks it
+                # the consumer unlinks it; _name is the name the tracker registered (typeshed leaves it out)
+                resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
             return TransferHandle(tid, "shm", nbytes, seg.name)
         buf = bytearray(nbytes)
         pack_blocks(tensors, block_ids, memoryview(buf))
         self._push(address).send_multipart([tid.encode(), buf], copy=False)
         return TransferHandle(tid, "zmq", nbytes)
 
-    def _push(self, address: str | None):
+    def _push(self, address: str | None) -> zmq.Socket:
         if address is None:
             raise TransferError("the consumer has no ZMQ address")
         sock = self._pushes.get(address)
@@ -136,7 +142,7 @@ class Connector:
         if handle.transport == "shm":
             seg = shared_memory.SharedMemory(name=handle.segment)
             try:
-                unpack_blocks(tensors, block_ids, seg.buf[: handle.num_bytes])
+                unpack_blocks(tensors, block_ids, _segment_bytes(seg, handle.num_bytes))
             finally:
                 seg.close()
                 seg.unlink()
@@ -161,6 +167,13 @@ class Connector:
                 sock.close()
         if self._ctx is not None:
             self._ctx.term()
+
+
+def _segment_bytes(seg: shared_memory.SharedMemory, nbytes: int) -> memoryview:
+    """The first ``nbytes`` of an open segment (its ``buf`` is ``None`` only once closed)."""
+    if seg.buf is None:
+        raise TransferError(f"shared-memory segment {seg.name} is closed")
+    return seg.buf[:nbytes]
 
 
 def discard(handle: TransferHandle) -> None:

@@ -8,34 +8,31 @@ hashes and continues the request: its prefix-cache lookup finds them, it recompu
 and decodes. A request whose first token ends it (EOS, a stop token, ``max_tokens=1``) ends on the prefill
 side (``kvscope.pd.router``).
 
-It has ``Engine``'s request API (``make_request``, ``add_request``, ``step``, ``abort``, ``generate``,
-``recorder``), so ``Run.from_engine`` and ``LiveRun`` (``kvscope run --pd``) drive it as they drive an engine.
+``Engine``'s request API is the router's (``kvscope.pd.router.Router``), so ``Run.from_engine`` and
+``LiveRun`` (``kvscope run --pd``) drive it as they drive an engine. What is this engine's own: starting and
+ending the processes, and ``step``, which never waits on one instance for another (each computes its step in
+its process while the router waits for the first answer), with the hand-over (``_hand_over``: lookup, export,
+import) and an instance that died (``_lost``).
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from typing import Any
 
 import torch
 
 from kvscope.engine.config import EngineConfig
-from kvscope.engine.request import (
-    Request,
-    RequestOutput,
-    SamplingParams,
-    checked_params,
-    next_request_id,
-    rejected_request,
-)
-from kvscope.engine.validation import is_one_prompt, prompt_ids
+from kvscope.engine.request import Request, RequestOutput, SamplingParams
 from kvscope.pd.config import KV_CONSUMER, KV_PRODUCER, KVTransferConfig, PDLayout
-from kvscope.pd.process import InstanceProcess
-from kvscope.pd.recorder import PDRecorder
-from kvscope.pd.router import PDRequest, Router, TransferRecord
+from kvscope.pd.connector import TransferHandle, discard
+from kvscope.pd.process import InstanceDied, InstanceError, InstanceProcess
+from kvscope.pd.router import Router
+from kvscope.pd.routes import PDRequest, TransferRecord
 from kvscope.utils.clock import WALL_CLOCK
 
 __all__ = ["PDEngine", "TransferRecord"]
@@ -49,7 +46,7 @@ class PDModel:
     max_model_len: int
 
 
-class PDEngine(Router):
+class PDEngine(Router[InstanceProcess, KVTransferConfig]):
     """``PDEngine("tiny", pd="1P1D")`` (also ``kvscope.PDEngine``); a context manager (``close``).
 
     Keyword arguments are ``EngineConfig`` fields, given to every instance; ``kv_transfer_config`` is vLLM's
@@ -62,60 +59,36 @@ class PDEngine(Router):
         if not isinstance(model, str) or tokenizer is not None:
             raise TypeError("a disaggregated engine builds its model in each instance's process: give the "
                             f"model's name or folder (got {type(model).__name__}), and no tokenizer")
-        self.layout = PDLayout.parse(pd)
-        self.kv_transfer_config = KVTransferConfig.of(kv_transfer_config)
+        layout = PDLayout.parse(pd)
+        kv_config = KVTransferConfig.of(kv_transfer_config)
         if config is not None:
             engine_kwargs = {**_config_kwargs(config), **engine_kwargs}
-        self.config = EngineConfig(**engine_kwargs)  # checked here, before any process starts
-        if not self.config.enable_prefix_caching:
+        checked = EngineConfig(**engine_kwargs)  # checked here, before any process starts
+        if not checked.enable_prefix_caching:
             raise ValueError("P/D disaggregation hands blocks over by their hashes: keep enable_prefix_caching=True")
-        total = num_threads or torch.get_num_threads()
-        per = max(1, total // (self.layout.num_prefill + self.layout.num_decode))
-        self.model_name, self.clock, self.tokenizer = model, WALL_CLOCK, None
-        self.instances: dict[str, InstanceProcess] = {}
+        per = max(1, (num_threads or torch.get_num_threads()) // (layout.num_prefill + layout.num_decode))
+        instances: dict[str, InstanceProcess] = {}
         try:
             index = {KV_PRODUCER: 0, KV_CONSUMER: 0}
-            for name, role in self.layout.names():
-                kvc = self.kv_transfer_config.for_role(role, index[role])
+            for name, role in layout.names():
+                kvc = kv_config.for_role(role, index[role])
                 index[role] += 1
-                self.instances[name] = InstanceProcess(name, model, engine_kwargs, kvc, per)
-            for inst in self.instances.values():
+                instances[name] = InstanceProcess(name, model, engine_kwargs, kvc, per)
+            for inst in instances.values():
                 inst.wait_ready()
         except BaseException:
-            self.close()
+            _close_all(instances.values())
             raise
-        weakref.finalize(self, _close_all, list(self.instances.values()))  # processes end with the engine
-        first = next(iter(self.instances.values())).info
-        self.spec = PDModel(first["vocab_size"], first["max_model_len"])
-        self.eos_token_ids = frozenset(first["eos_token_ids"])
-        self.max_model_len = first["max_model_len"]
-        self.requests: dict[str, PDRequest] = {}  # unfinished, by id
-        self.load: dict[str, int] = {name: 0 for name in self.instances}  # unfinished requests per instance
-        self.transfers: list[TransferRecord] = []
-        self.handovers: list[PDRequest] = []  # prefill done, waiting for idle producer + consumer
-        self.outbox: list[RequestOutput] = []  # finished, returned by the next step()
-        self.inbox: dict[str, list[tuple]] = {}  # prefill instance -> requests its next step adds first
-        self.done: list[PDRequest] = []  # finished requests (their routes and times), in finishing order
-        self.recorder = PDRecorder(self)
-
-    # ---- instances ---------------------------------------------------------------------------------
-    def instance_stats(self) -> dict[str, dict[str, int]]:
-        """Each live instance's pool (``num_used_blocks``, ``num_pinned``, ...)."""
-        self.settle()
-        return {i.name: i.call("stats") for i in self.instances.values() if i.alive}
-
-    def run_metadata(self) -> dict[str, Any]:
-        """The decode side's metadata (the records a run shows are its), plus ``pd``: layout and instances."""
-        decode = next((i for i in self.instances.values() if i.role == KV_CONSUMER), None)
-        meta = dict((decode or next(iter(self.instances.values()))).info["meta"])
-        meta["pd"] = {"layout": str(self.layout), "kv_transfer_config": self.kv_transfer_config.to_json(),
-                      "instances": [{k: v for k, v in i.info.items() if k != "meta"} for i in self.instances.values()]}
-        return meta
+        weakref.finalize(self, _close_all, list(instances.values()))  # processes end with the engine
+        first = next(iter(instances.values())).info
+        super().__init__(layout, kv_config, instances, clock=WALL_CLOCK, config=checked, model_name=model,
+                         spec=PDModel(first["vocab_size"], first["max_model_len"]),
+                         eos_token_ids=frozenset(first["eos_token_ids"]), max_model_len=first["max_model_len"])
+        self.inbox: dict[str, list[tuple[list[int], SamplingParams, str]]] = {}  # sent with the instance's next step
 
     def close(self) -> None:
         """End every instance's process (also at ``with`` exit)."""
-        for inst in getattr(self, "instances", {}).values():
-            inst.close()
+        _close_all(self.instances.values())
 
     def __enter__(self) -> PDEngine:
         return self
@@ -123,108 +96,131 @@ class PDEngine(Router):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- requests (Engine's API) -------------------------------------------------------------------
-    def _prefill_instance(self) -> InstanceProcess:
-        inst = self._pick(KV_PRODUCER)
-        if inst is None:
-            raise RuntimeError("no live prefill instance: " + self._gone(KV_PRODUCER))
-        return inst
-
-    def make_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
-                     ) -> Request:
-        """A checked ``Request``; nothing is queued. Token ids are checked here (vocabulary, length); a text
-        prompt is tokenized by a prefill instance (waiting for its step in flight, if any)."""
-        params = checked_params(params)
-        if isinstance(prompt, str):
-            self.settle()
-            ids, text = self._prefill_instance().call("tokenize", prompt, params)
-        else:
-            ids, text = prompt_ids(prompt, None, self.spec.vocab_size, self.max_model_len)
-        request = Request(request_id or next_request_id(), list(ids), params, prompt=text,
-                          arrival_time=time.perf_counter())
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use by an unfinished request")
-        return request
-
-    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue a request for the least loaded prefill instance (sent with its next step); returns its id."""
-        request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use by an unfinished request")
-        inst = self._prefill_instance()
-        self.requests[request.request_id] = PDRequest(request, time.perf_counter_ns(), inst.name)
+    # ---- requests ----------------------------------------------------------------------------------
+    def _dispatch(self, inst: InstanceProcess, request: Request) -> None:
+        """Queued for the prefill instance's next step (``step`` sends it along)."""
         self.inbox.setdefault(inst.name, []).append(
             (list(request.prompt_token_ids), request.sampling_params, request.request_id))
-        self.load[inst.name] += 1
-        return request.request_id
 
     def abort(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None:
-            return False
         self.settle()
-        held = all(r is not req for r in self.handovers)  # one waiting for its hand-over gave its producer's load back (_route)
-        self.handovers = [r for r in self.handovers if r is not req]
         for queued in self.inbox.values():
             queued[:] = [q for q in queued if q[2] != request_id]
-        where = self.instances[req.decode or req.prefill]
-        if where.alive and req.request_id in self.requests and held:
-            where.call("abort", request_id)
-            self.load[where.name] -= 1
-        self._fail(req, "aborted", reason="abort")
-        return True
+        return super().abort(request_id)
 
-    def reject(self, prompt: Any, params: Any, error: str) -> Request:
-        return rejected_request(prompt, params, error)
-
-    def record_state(self) -> None:
-        """Each instance records its own state (an abort does): nothing to do here."""
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
-    def output(self, request: Request) -> RequestOutput:
-        return RequestOutput.of(request, self.decode(request.output_token_ids))
-
-    def decode(self, token_ids: list[int]) -> str:
+    def instances_at_rest(self) -> list[InstanceProcess]:
         self.settle()
-        inst = next((i for i in self.instances.values() if i.alive), None)
-        return inst.call("detokenize", list(token_ids)) if inst is not None and token_ids else ""
+        return super().instances_at_rest()
 
-    def profile(self, *args: Any, **kwargs: Any):
-        raise ValueError("profiling a P/D engine is not supported yet: profile an instance's Engine")
+    # ---- the router's round ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One round of the router, which never holds one instance's step for another's: start a step on every
+        idle instance that has work (each in its process, at once), wait for at least one to answer, take every
+        answer that is in, then hand over the prompts that finished prefill whose producer and consumer are both
+        idle. A producer with a hand-over waiting is not stepped again until it is done (at most one decode
+        step later), so the decode side never waits for a prefill step. Returns the requests that finished."""
+        waiting = {req.prefill for req in self.handovers}
+        for inst in self.instances.values():
+            if inst.alive and not inst.pending and self.load[inst.name] > 0 and inst.name not in waiting:
+                try:
+                    inst.send("step", self.inbox.pop(inst.name, []))
+                except InstanceDied:
+                    self.outbox += self._lost(inst)
+        pending = [i for i in self.instances.values() if i.alive and i.pending]
+        if pending:
+            ready = set(wait([i.conn for i in pending], timeout=1.0))
+            for inst in pending:
+                if inst.conn in ready or inst.process.poll() is not None:
+                    self._collect(inst)
+        self._hand_over_ready()
+        out, self.outbox = self.outbox, []
+        return out
 
-    # ---- whole calls -------------------------------------------------------------------------------
-    def generate(self, prompts: Any | Sequence[Any], params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
-        """Run prompts to completion; one ``RequestOutput`` per prompt, in order. All prompts are checked
-        before any is queued (one bad prompt raises, naming it)."""
-        if is_one_prompt(prompts):
-            prompts = [prompts]
-        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        requests = []
-        for i, (p, sp) in enumerate(zip(prompts, params_list)):
-            try:
-                requests.append(self.make_request(p, sp))
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"prompt {i}: {exc}") from None
-        ids = [self.add_request(r) for r in requests]
-        outs: dict[str, RequestOutput] = {}
-        while any(i not in outs for i in ids):
-            for out in self.step():
-                outs[out.request_id] = out
-            if not self.requests and any(i not in outs for i in ids):
-                raise RuntimeError("the router lost track of a request (a bug in kvscope.pd)")
-        return [outs[i] for i in ids]
+    def settle(self) -> None:
+        """Take the answers of every step in flight (their finished requests go out with the next ``step``)."""
+        for inst in self.instances.values():
+            if inst.alive and inst.pending:
+                self._collect(inst)
+
+    def _collect(self, inst: InstanceProcess) -> None:
+        try:
+            res = inst.result()
+        except InstanceDied:
+            self.outbox += self._lost(inst)
+            return
+        if inst.role == KV_CONSUMER:
+            self.recorder.publish(inst.name, res["items"])
+        for rid, t in res["first_token_ns"].items():
+            if rid in self.requests:
+                self.requests[rid].timeline[f"{inst.role}_first_token_ns"] = t
+        for out in res["finished"]:
+            self._route(inst.name, inst.role, out, res["t_ns"])
+
+    def _lost(self, inst: InstanceProcess) -> list[RequestOutput]:
+        """An instance died: every request it held fails, naming it."""
+        outs = []
+        for req in list(self.requests.values()):
+            if (req.decode or req.prefill) == inst.name:
+                outs.append(self._fail(req, inst.dead or f"{inst.name} is gone"))
+        self.load[inst.name] = 0
+        return outs
+
+    # ---- the hand-over -----------------------------------------------------------------------------
+    def _hand_over_ready(self) -> None:
+        """The hand-overs whose producer and a consumer are idle now; the others wait for the next round."""
+        later = []
+        for req in self.handovers:
+            if req.request_id not in self.requests:  # failed meanwhile (its producer died)
+                continue
+            src = self.instances[req.prefill]
+            idle = [i for i in self.instances.values() if i.role == KV_CONSUMER and i.alive and not i.pending]
+            if not src.pending and (idle or self._pick(KV_CONSUMER) is None):
+                dst = min(idle, key=lambda i: self.load[i.name]) if idle else None
+                self.outbox += self._hand_over(req, dst)
+            else:
+                later.append(req)
+        self.handovers = later
+
+    def _hand_over(self, req: PDRequest, dst: InstanceProcess | None) -> list[RequestOutput]:
+        """Move the prompt's blocks that the decode instance ``dst`` lacks, and continue there. Returns
+        the requests that failed doing so (this one; all those of an instance that died)."""
+        src = self.instances[req.prefill]
+        if dst is None:
+            return [self._fail(req, "no live decode instance: " + self._gone(KV_CONSUMER))]
+        handle: TransferHandle | None = None
+        start = time.perf_counter_ns()
+        try:
+            held = dst.call("lookup", req.prompt_ids)["held"]
+            exp = src.call("export", req.prompt_ids, held, dst.info.get("address"))
+            handle, start = exp["handle"], exp["start_ns"]
+            imp = dst.call("import_add", req.request_id, req.prompt_ids, req.request.prompt,
+                           req.request.sampling_params, held, exp["num_blocks"], handle)
+        except (InstanceDied, InstanceError) as exc:
+            if handle is not None:
+                discard(handle)
+            error = f"KV transfer {src.name} -> {dst.name} failed: {exc}"
+            self.transfers.append(TransferRecord(req.request_id, src.name, dst.name,
+                                                 self.kv_transfer_config.transport, 0, 0, 0, start,
+                                                 time.perf_counter_ns(), False, error))
+            failed = [self._fail(req, error)]
+            for inst in (src, dst):
+                if not inst.alive:
+                    failed += self._lost(inst)
+            return failed
+        sent: TransferHandle = exp["handle"]
+        req.decode = dst.name
+        self.load[dst.name] += 1
+        self.transfers.append(TransferRecord(req.request_id, src.name, dst.name, sent.transport,
+                                             imp["num_blocks"], held, sent.num_bytes, start, imp["received_ns"],
+                                             src_block_ids=exp["block_ids"], dst_block_ids=imp["block_ids"]))
+        req.timeline.update(transfer_start_ns=start, transfer_end_ns=imp["received_ns"])
+        return []
 
 
-def _close_all(instances: list[InstanceProcess]) -> None:
+def _close_all(instances: Iterable[InstanceProcess]) -> None:
     for inst in instances:
         inst.close()
 
 
 def _config_kwargs(config: EngineConfig) -> dict[str, Any]:
     return {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__ if f != "extra" or config.extra}
-

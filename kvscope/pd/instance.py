@@ -2,11 +2,12 @@
 process, answering the router's commands over a pipe (``serve``). The parent's side is
 ``kvscope.pd.process.InstanceProcess``.
 
-Commands (each answered ``("ok", value)`` or ``("error", type name, message)``):
+Commands (each answered ``("ok", value)`` or ``("error", type name, message)``): those of every instance
+(``kvscope.pd.instance_core``: ``snapshot``, ``clear``, ``stats``, ``abort``, ``tokenize``, ``detokenize``) and
 ``add`` (a prefill instance: the prompt with ``max_tokens=1``), ``step``, ``lookup`` (how many of a prompt's
 full blocks this instance already holds), ``export`` (producer: send a prompt's blocks from ``start`` on),
 ``import_add`` (consumer: receive them into fresh blocks, cache them under their hashes, queue the request),
-``snapshot`` (its recorder's), ``stats`` (its pool), ``fault`` (tests: ``"refuse"`` or ``"die"``), ``close``.
+``fault`` (tests: ``"refuse"`` or ``"die"``), ``close``.
 
 The consumer recomputes the prompt's last partial block (fewer than ``block_size`` tokens, at least the last
 token), as vLLM's consumers recompute the last prompt token: the step that does it samples the first token.
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -26,100 +28,67 @@ from kvscope.engine.engine import Engine
 from kvscope.engine.request import SamplingParams
 from kvscope.pd.blocks import attach, prompt_prefix
 from kvscope.pd.config import KVTransferConfig
-from kvscope.pd.connector import Connector, TransferError, TransferHandle, kv_tensors
+from kvscope.pd.connector import Connector, TransferError, TransferHandle, block_nbytes, kv_tensors
+from kvscope.pd.instance_core import InstanceCore
+from kvscope.telemetry.records import RequestEvent, StepRecord
 
 
-class InstanceServer:
-    """The commands of one instance, run in its process."""
+class InstanceServer(InstanceCore):
+    """The commands of one instance, run in its process: ``InstanceCore``'s, and the hand-over's."""
 
     def __init__(self, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig) -> None:
-        self.name, self.role = name, kv_config.kv_role
-        self.engine = Engine(model, **engine_kwargs)
-        if self.engine.kv_config.num_groups != 1:
-            raise ValueError(f"{model!r} has {self.engine.kv_config.num_groups} KV cache groups (a hybrid "
-                             "model): P/D disaggregation moves one group's blocks only")
-        if self.engine.speculator is not None:
+        engine = Engine(model, **engine_kwargs)
+        groups = engine.kv_config.num_groups if engine.kv_config is not None else 1
+        if groups != 1:
+            raise ValueError(f"{model!r} has {groups} KV cache groups (a hybrid model): P/D disaggregation moves "
+                             "one group's blocks only")
+        if engine.speculator is not None:
             raise ValueError("P/D disaggregation does not combine with speculative decoding yet")
-        if not self.engine.config.enable_prefix_caching:
+        if not engine.config.enable_prefix_caching:
             raise ValueError("P/D disaggregation hands blocks over by their hashes: keep enable_prefix_caching=True")
-        self.pool = self.engine.pool
-        self.tensors = kv_tensors(self.engine.runner)
+        if kv_config.kv_role is None:
+            raise ValueError("an instance's kv_transfer_config names its kv_role (KVTransferConfig.for_role)")
+        super().__init__(name, kv_config.kv_role, engine)
+        self.tensors = kv_tensors(engine.runner)
         self.connector = Connector(kv_config)
-        self.tracked: dict[str, Any] = {}  # request id -> Request, until reported finished
-        self.pins: dict[str, list[KVBlock]] = {}  # consumer: blocks held for a request until it is admitted
-        self.first_seen: set[str] = set()  # requests whose first token was reported
         self.fault: str | None = None
-        self.published: list = []  # the recorder's new records and events, sent with the next step's answer
-        if self.engine.recorder is not None:
-            self.engine.recorder.subscribe(self.published.append)
+        self.published: list[StepRecord | RequestEvent] = []  # the recorder's new items, sent with the next step
+        if engine.recorder is not None:
+            engine.recorder.subscribe(self.published.append)
+        self.commands.update(add=self.add, step=self.report_step, lookup=self.lookup, export=self.export,
+                             import_add=self.import_add, fault=self.set_fault)
 
+    @property
     def info(self) -> dict[str, Any]:
-        e = self.engine
-        return {"name": self.name, "role": self.role, "pid": os.getpid(), "num_blocks": self.pool.num_blocks,
-                "block_size": self.pool.block_size, "kv_bytes_per_block": e.runner.kv_bytes_per_block,
-                "threads": torch.get_num_threads(), "address": self.connector.address, "model": e.model_name,
-                "vocab_size": e.spec.vocab_size, "max_model_len": e.max_model_len,
-                "eos_token_ids": sorted(e.eos_token_ids), "meta": e.run_metadata()}
-
-    def tokenize(self, prompt: Any, params: SamplingParams | None) -> tuple[list[int], str | None]:
-        """A prompt's token ids and text, checked as ``Engine.make_request`` checks them (nothing queued)."""
-        request = self.engine.make_request(prompt, params, f"check-{time.perf_counter_ns()}")
-        return list(request.prompt_token_ids), request.prompt
-
-    def detokenize(self, token_ids: list[int]) -> str:
-        return self.engine.decode(list(token_ids))
-
-    def abort(self, request_id: str) -> bool:
-        self._unpin(request_id)
-        self.tracked.pop(request_id, None)
-        self.first_seen.discard(request_id)
-        found = self.engine.abort(request_id)
-        self.engine.record_state()
-        return found
+        return {**super().info, "pid": os.getpid(), "threads": torch.get_num_threads(),
+                "address": self.connector.address}
 
     def clear(self) -> None:
-        if self.engine.recorder is not None:
-            self.engine.recorder.clear()
+        super().clear()
         self.published.clear()
 
     # ---- requests ----------------------------------------------------------------------------------
     def add(self, prompt: Any, params: SamplingParams | None, request_id: str) -> tuple[list[int], str | None]:
-        params = replace(params or SamplingParams(), max_tokens=1)
-        request = self.engine.make_request(prompt, params, request_id)
-        self.engine.add_request(request)
-        self.tracked[request_id] = request
+        """Queue a producer's prompt (``max_tokens=1``)."""
+        request = self.queue(prompt, params, request_id, max_tokens=1)
         return list(request.prompt_token_ids), request.prompt
 
-    def step(self, adds: list[tuple] = ()) -> dict[str, Any]:
-        """Queue ``adds`` (a producer's new prompts), then one step of the engine if it has work."""
+    def report_step(self, adds: Sequence[tuple[Any, SamplingParams | None, str]] = ()) -> dict[str, Any]:
+        """The ``step`` command: queue ``adds`` (a producer's new prompts), then one step of the engine if it has
+        work; a step that raised has failed its batch's requests, reported with the others."""
         for prompt, params, request_id in adds:
             self.add(prompt, params, request_id)
         error = None
         if self.engine.has_unfinished_requests():
             try:
                 self.engine.step()
-            except Exception as exc:  # the engine failed that batch's requests; they are reported below
+            except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         now = time.perf_counter_ns()
-        finished, first = [], {}
-        for rid, request in list(self.tracked.items()):
-            if request.num_computed_tokens > 0 or request.is_finished:
-                self._unpin(rid)
-            if request.output_token_ids and rid not in self.first_seen:
-                self.first_seen.add(rid)
-                first[rid] = now
-            if request.is_finished:
-                finished.append(self.engine.output(request))
-                del self.tracked[rid]
-                self.first_seen.discard(rid)
+        finished, first = self.collect()
         items, self.published[:] = list(self.published), []
-        return {"finished": finished, "first_token_ns": first, "error": error, "items": items,
-                "busy": self.engine.has_unfinished_requests(), "t_ns": now}
-
-    def _unpin(self, rid: str) -> None:
-        blocks = self.pins.pop(rid, None)
-        if blocks:
-            self.pool.free(reversed(blocks))
+        return {"finished": finished, "first_token_ns": {rid: now for rid in first}, "error": error,
+                "items": items, "busy": self.engine.has_unfinished_requests(), "t_ns": now}
 
     # ---- the connector -----------------------------------------------------------------------------
     def lookup(self, prompt_ids: list[int]) -> dict[str, int]:
@@ -151,10 +120,7 @@ class InstanceServer:
         attach(self.pool, hashes, chain[:start_ok], new)
         self.pool.touch(chain[:start_ok])
         self.pins[request_id] = chain[:start_ok] + new  # held until the scheduler admits the request
-        request = self.engine.make_request(list(prompt_ids), params, request_id)
-        request.prompt = prompt
-        self.engine.add_request(request)
-        self.tracked[request_id] = request
+        self.queue(list(prompt_ids), params, request_id, text=prompt)
         return {"received_ns": time.perf_counter_ns(), "num_blocks": len(new), "block_ids": [b.block_id for b in new]}
 
     def _receive(self, handle: TransferHandle, num_blocks: int) -> list[KVBlock]:
@@ -173,25 +139,16 @@ class InstanceServer:
     def _drain(self, handle: TransferHandle) -> None:
         """Read and drop a transfer's bytes (nothing can use them)."""
         if handle.num_bytes:
-            n = handle.num_bytes // sum(t[0].numel() * t.element_size() for t in self.tensors)
+            n = handle.num_bytes // block_nbytes(self.tensors)
             scratch = [torch.empty((n, *t.shape[1:]), dtype=t.dtype) for t in self.tensors]
             self.connector.receive(scratch, list(range(n)), handle)
 
-    # ---- state ---------------------------------------------------------------------------------------
-    def snapshot(self):
-        recorder = self.engine.recorder
-        return recorder.snapshot() if recorder is not None else None
-
-    def stats(self) -> dict[str, int]:
-        return {"num_blocks": self.pool.num_blocks, "num_used_blocks": self.pool.num_used_blocks,
-                "num_cached_free_blocks": self.pool.num_cached_free_blocks,
-                "num_pinned": sum(len(b) for b in self.pins.values()), "num_unfinished": len(self.tracked)}
-
+    # ---- tests ------------------------------------------------------------------------------------
     def set_fault(self, kind: str | None) -> None:
         self.fault = kind
 
 
-def serve(conn, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
+def serve(conn: Connection, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
           threads: int) -> None:
     """The instance process's main: build the engine, report ``ready``, answer commands until ``close``."""
     torch.set_num_threads(max(1, threads))
@@ -200,11 +157,7 @@ def serve(conn, name: str, model: str, engine_kwargs: dict[str, Any], kv_config:
     except BaseException as exc:
         conn.send(("error", type(exc).__name__, f"{name}: {exc}"))
         return
-    conn.send(("ok", server.info()))
-    handlers = {"add": server.add, "step": server.step, "lookup": server.lookup, "export": server.export,
-                "import_add": server.import_add, "snapshot": server.snapshot, "stats": server.stats,
-                "fault": server.set_fault, "tokenize": server.tokenize, "detokenize": server.detokenize,
-                "abort": server.abort, "clear": server.clear}
+    conn.send(("ok", server.info))
     while True:
         try:
             cmd, args = conn.recv()
@@ -214,7 +167,7 @@ def serve(conn, name: str, model: str, engine_kwargs: dict[str, Any], kv_config:
             conn.send(("ok", None))
             break
         try:
-            conn.send(("ok", handlers[cmd](*args)))
+            conn.send(("ok", server.call(cmd, *args)))
         except Exception as exc:
             conn.send(("error", type(exc).__name__, str(exc)))
     server.connector.close()

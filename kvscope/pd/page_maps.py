@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
+from kvscope.pd.protocols import Snapshot
 from kvscope.telemetry.pagemap import page_map_at
 from kvscope.telemetry.records import PageEntry, StepRecord
 
@@ -44,23 +45,22 @@ def _marks(entries: list[PageEntry], rid: str, block_size: int) -> list[int]:
 
 
 class _Instance:
-    """One instance's records, for maps at any time or step."""
+    """One instance's records (at least one), for maps at any time or step."""
 
-    def __init__(self, snap: tuple) -> None:
+    def __init__(self, snap: Snapshot) -> None:
         self.records: list[StepRecord] = list(snap[0])
         self.ends = [r.t_end_ns for r in self.records]
         self.admitted = {e.request_id: e.step for e in snap[1] if e.kind == "scheduled"}
-        last = self.records[-1].kv if self.records else None
-        self.pool = {"num_blocks": last.num_blocks, "block_size": last.block_size} if last else None
+        last = self.records[-1].kv
+        self.pool = {"num_blocks": last.num_blocks, "block_size": last.block_size}
 
-    def step_by(self, t_ns: int) -> int | None:
+    def step_by(self, t_ns: int) -> int:
         """The last step that ended by ``t_ns`` (or the first one)."""
-        if not self.records:
-            return None
         return self.records[max(bisect_right(self.ends, t_ns) - 1, 0)].step
 
-    def at(self, step: int | None) -> dict[str, Any] | None:
-        entries = _map(self.records, step) if step is not None else None
+    def at(self, step: int) -> dict[str, Any] | None:
+        """The page map after ``step``; ``None`` if the records no longer reach back to it."""
+        entries = _map(self.records, step)
         if entries is None:
             return None
         record = next(r for r in self.records if r.step >= step)
@@ -72,7 +72,7 @@ def _moment(insts: dict[str, _Instance], t: dict[str, Any] | None, index: int | 
     maps: dict[str, Any] = {}
     for name, inst in insts.items():
         if t is None:
-            m = inst.at(inst.records[-1].step if inst.records else None)
+            m = inst.at(inst.records[-1].step)
         elif name == t["src"]:
             m = inst.at(inst.step_by(int(t["start_ns"])))
         elif name == t["dst"] and t["request_id"] in inst.admitted:
@@ -97,12 +97,11 @@ def _moment(insts: dict[str, _Instance], t: dict[str, Any] | None, index: int | 
             "start_ns": int(t["start_ns"]), "end_ns": int(t["end_ns"]), "label": label, "maps": maps}
 
 
-def transfer_page_maps(snaps: dict[str, tuple], transfers: list[dict[str, Any]], roles: dict[str, str]
+def transfer_page_maps(snaps: dict[str, Snapshot], transfers: list[dict[str, Any]], roles: dict[str, str]
                        ) -> dict[str, Any]:
     """``meta["pd"]["page_maps"]`` (see the module docstring): ``pools`` (each instance's blocks and block
     size), ``moments`` (transfers in time order, then the end of the run), ``truncated``."""
-    insts = {name: _Instance(snap) for name, snap in snaps.items()}
-    insts = {name: inst for name, inst in insts.items() if inst.pool is not None}
+    insts = {name: _Instance(snap) for name, snap in snaps.items() if snap[0]}  # an instance that recorded a step
     n = len(transfers)
     picked = range(n) if n <= MAX_MOMENTS else sorted({round(i * (n - 1) / (MAX_MOMENTS - 1))
                                                        for i in range(MAX_MOMENTS)})

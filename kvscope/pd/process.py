@@ -40,6 +40,8 @@ class InstanceProcess:
 
     def __init__(self, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
                  threads: int) -> None:
+        if kv_config.kv_role is None:
+            raise ValueError("an instance's kv_transfer_config names its kv_role (KVTransferConfig.for_role)")
         self.name, self.role, self.kv_config, self.threads = name, kv_config.kv_role, kv_config, threads
         authkey = secrets.token_bytes(16)
         with Listener(family="AF_UNIX", authkey=authkey) as listener:

@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 from kvscope.pd.config import KV_CONSUMER, KV_PRODUCER
 from kvscope.pd.page_maps import transfer_page_maps
 from kvscope.pd.process import InstanceDied, InstanceError
+from kvscope.pd.protocols import RouterView, Snapshot
 from kvscope.pd.summary import INSTANCE_KEYS
 from kvscope.telemetry.frames import requests_frame
-from kvscope.telemetry.records import RequestEvent
+from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.telemetry.run_summary import summary as run_summary
 
+Subscriber = Callable[[StepRecord | RequestEvent], None]
 
-def _instance_summary(snap) -> dict[str, Any]:
+
+def _instance_summary(snap: Snapshot) -> dict[str, Any]:
     records, events, meta, _ = snap
     s = run_summary(records, events, meta, requests_frame(records, events, meta["t0_ns"]))
     keys = (*INSTANCE_KEYS, "steps", "computed_prefill_tokens", "output_tokens")
@@ -41,18 +45,23 @@ class PDRecorder:
 
     capacity = 100_000  # each instance's Recorder's ring
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine  # the PDEngine (not imported: kvscope.pd.engine imports this module)
-        self.events: deque = deque(maxlen=self.capacity * 4)  # LiveRun reads the bound of a recorder's events
-        self.subscribers: list = []
+    def __init__(self, engine: RouterView) -> None:
+        self.engine = engine
+        self.events: deque[RequestEvent] = deque(maxlen=self.capacity * 4)  # LiveRun reads the bound of its events
+        self.subscribers: list[Subscriber] = []
         self.baseline = {"prefix_cache_queries_before": 0, "prefix_cache_hits_before": 0,
                          "window_freed_blocks_before": 0}
 
-    def subscribe(self, fn) -> Any:
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         self.subscribers.append(fn)
-        return lambda: self.subscribers.remove(fn) if fn in self.subscribers else None
 
-    def publish(self, instance: str, items: list) -> None:
+        def unsubscribe() -> None:
+            if fn in self.subscribers:
+                self.subscribers.remove(fn)
+
+        return unsubscribe
+
+    def publish(self, instance: str, items: list[StepRecord | RequestEvent]) -> None:
         """A decode instance's new records and events (with one decode instance: the run's own)."""
         decodes = [n for n, i in self.engine.instances.items() if i.role == KV_CONSUMER]
         if instance != decodes[0]:
@@ -63,27 +72,23 @@ class PDRecorder:
 
     def clear(self) -> None:
         """A new run from the same engine: every instance forgets what it recorded, and so does the router."""
-        self.engine.settle()
-        for inst in self.engine.instances.values():
-            if inst.alive:
-                inst.call("clear")
+        for inst in self.engine.instances_at_rest():
+            inst.call("clear")
         self.engine.transfers.clear()
         self.engine.done.clear()
 
-    def _snapshots(self) -> dict[str, tuple]:
-        self.engine.settle()
+    def _snapshots(self) -> dict[str, Snapshot]:
         out = {}
-        for name, inst in self.engine.instances.items():
-            if inst.alive:
-                try:
-                    snap = inst.call("snapshot")
-                except (InstanceDied, InstanceError):
-                    continue
-                if snap is not None:
-                    out[name] = snap
+        for inst in self.engine.instances_at_rest():
+            try:
+                snap = inst.call("snapshot")
+            except (InstanceDied, InstanceError):
+                continue
+            if snap is not None:
+                out[inst.name] = snap
         return out
 
-    def snapshot(self) -> tuple[list, list, dict[str, Any], list]:
+    def snapshot(self) -> Snapshot:
         e = self.engine
         snaps = self._snapshots()
         if not snaps:
@@ -121,7 +126,7 @@ class PDRecorder:
         out.sort(key=lambda ev: ev.t_ns)
         return out
 
-    def pd_meta(self, snaps: dict[str, tuple], main: str) -> dict[str, Any]:
+    def pd_meta(self, snaps: dict[str, Snapshot], main: str) -> dict[str, Any]:
         e = self.engine
         instances = []
         for name, inst in e.instances.items():
@@ -141,7 +146,7 @@ class PDRecorder:
                 "records_from": main, "instances": instances, "transfers": transfers, "requests": requests,
                 "page_maps": transfer_page_maps(snaps, transfers, roles)}
 
-    def _side_times(self, snaps: dict[str, tuple]) -> dict[str, dict[str, int]]:
+    def _side_times(self, snaps: dict[str, Snapshot]) -> dict[str, dict[str, int]]:
         """Per request: when each side queued and first scheduled it, from that instance's own events (the
         run's events carry the router's arrival as ``queued``)."""
         out: dict[str, dict[str, int]] = {}

@@ -28,16 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from kvscope.engine.engine import Engine
 from kvscope.engine.request import Request, RequestOutput
 from kvscope.pd.config import KV_CONSUMER, PDLayout
-from kvscope.pd.engine import PDEngine
-from kvscope.pd.recorder import PDRecorder
-from kvscope.pd.router import PDRequest, TransferRecord
+from kvscope.pd.router import Router
+from kvscope.pd.routes import PDRequest, TransferRecord
 from kvscope.pd.sim_instance import Reservation, SimInstance, TransferRefused
-from kvscope.telemetry.records import RequestEvent
+from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.utils.clock import VirtualClock
 
 TRANSPORT = "simulated"
@@ -74,44 +74,37 @@ class Flight:
     res: Reservation
 
 
-class SimPDEngine(PDEngine):
-    """``PDEngine``'s request API and router over simulated instances on one ``VirtualClock``.
+class SimPDEngine(Router[SimInstance, SimLink]):
+    """The router (``kvscope.pd.router.Router``: ``Engine``'s request API) over simulated instances on one
+    ``VirtualClock``, with this module's event loop as its ``step``.
 
     ``build(name, clock)`` makes each instance's simulated engine; ``arrivals_s``: the workload's arrival
     times in seconds from now, nondecreasing, read lazily (optional: without them, a request that arrives
     while every instance is busy is seen at the next event)."""
 
+    clock: VirtualClock  # the shared clock, which the event loop sets to each event's time (``_set_clock``)
+
     def __init__(self, build: Callable[[str, VirtualClock], Engine], pd: str | PDLayout = "1P1D",
                  link: SimLink | None = None, *, clock: VirtualClock | None = None,
                  arrivals_s: Iterable[float] | None = None) -> None:
-        self.layout = PDLayout.parse(pd)
-        self.kv_transfer_config = link or SimLink()
-        self.clock = clock or VirtualClock()
-        self.instances: dict[str, SimInstance] = {
-            name: SimInstance(name, role, build(name, self.clock)) for name, role in self.layout.names()}
-        first = next(iter(self.instances.values())).engine
-        self.config, self.model_name, self.tokenizer = first.config, first.model_name, first.tokenizer
-        self.spec, self.eos_token_ids, self.max_model_len = first.spec, first.eos_token_ids, first.max_model_len
-        self.requests: dict[str, PDRequest] = {}
-        self.load: dict[str, int] = {name: 0 for name in self.instances}
-        self.transfers: list[TransferRecord] = []
-        self.handovers: list[PDRequest] = []
-        self.outbox: list[RequestOutput] = []
-        self.inbox: dict[str, list[tuple]] = {}  # unused: a simulated producer queues a request at once
-        self.done: list[PDRequest] = []
+        layout, clock = PDLayout.parse(pd), clock or VirtualClock()
+        instances = {name: SimInstance(name, role, build(name, clock)) for name, role in layout.names()}
+        first = next(iter(instances.values())).engine
+        super().__init__(layout, link or SimLink(), instances, clock=clock, config=first.config,
+                         model_name=first.model_name, spec=first.spec, eos_token_ids=first.eos_token_ids,
+                         max_model_len=first.max_model_len, tokenizer=first.tokenizer)
         self.flights: list[Flight] = []
         self.link_free_ns: dict[tuple[str, str], int] = {}
         self.results: dict[str, tuple[list[RequestOutput], list[str]]] = {}  # a busy instance's step, until its end
         self.stalled: set[str] = set()  # instances whose last step took no time (nothing to schedule)
-        self.t0_ns = self.clock.now_ns()
+        self.t0_ns = clock.now_ns()
         self.arrivals = iter(arrivals_s or ())  # nondecreasing, read as the clock passes them
         self.next_arrival_ns: int | None = self.t0_ns
-        self.recorder = PDRecorder(self)
-        for name, inst in self.instances.items():
+        for name, inst in instances.items():
             if inst.role == KV_CONSUMER and inst.engine.recorder is not None:
-                inst.engine.recorder.subscribe(lambda item, n=name: self._publish(n, item))
+                inst.engine.recorder.subscribe(partial(self._publish, name))
 
-    def _publish(self, name: str, item: Any) -> None:
+    def _publish(self, name: str, item: StepRecord | RequestEvent) -> None:
         """A decode instance's record or event, as the run sees it live: a request is queued at its arrival
         (the exact summary of a run longer than the recorder's window counts TTFT from there, as the
         snapshot does)."""
@@ -119,25 +112,15 @@ class SimPDEngine(PDEngine):
             item = replace(item, t_ns=self.requests[item.request_id].arrival_ns)
         self.recorder.publish(name, [item])
 
-    def settle(self) -> None:
-        """Nothing is in flight between two calls (a step's outputs wait for its end in ``results``)."""
-
-    def add_request(self, prompt: Any, params: Any = None, request_id: str | None = None) -> str:
-        """Queue the request on the least loaded prefill instance now (``max_tokens=1``)."""
-        request = prompt if isinstance(prompt, Request) else self.make_request(prompt, params, request_id)
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use by an unfinished request")
-        inst = self._prefill_instance()
-        self.requests[request.request_id] = PDRequest(request, self.clock.now_ns(), inst.name)
+    def _dispatch(self, inst: SimInstance, request: Request) -> None:
+        """Queued on the prefill instance at once (``max_tokens=1``)."""
         inst.add(request, max_tokens=1)
-        self.load[inst.name] += 1
-        return request.request_id
 
     def abort(self, request_id: str) -> bool:
         for f in [f for f in self.flights if f.req.request_id == request_id]:
             self.flights.remove(f)
             f.dst.release(f.res, f.src)
-        return PDEngine.abort(self, request_id)
+        return super().abort(request_id)
 
     # ---- the event loop ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

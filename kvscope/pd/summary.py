@@ -68,7 +68,7 @@ def transfer_lane(pd: dict[str, Any]) -> list[tuple[str, dict[str, list], list[t
     if not spans:
         return []
     level, series = 0.0, []
-    for t, d in sorted(points):
+    for t_ns, d in sorted(points):
         level += d
-        series.append((t, {"MB": max(level, 0.0)}))
+        series.append((t_ns, {"MB": max(level, 0.0)}))
     return [("KV transfers", {"KV in flight (MB)": series}, spans)]

@@ -17,127 +17,25 @@ a block boundary). The per-request figures then add the full and the sliding lay
 
 Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.utils.units.parse_bytes`` reads them.
 
-``ModelShape`` is the planner's own, torch-free view of a model (with the name, parameter count and notes
-the plan prints); the engine's ``ModelSpec`` holds a torch dtype and the probed layers. Both take their
-numbers from ``kvscope.models.hf_config`` (one reader of ``config.json``) and their bytes per token from its
-``kv_bytes_per_token``.
+The model's shape is a ``ModelShape`` (``kvscope.planning.shapes``: the known shapes, a folder's config.json),
+its bytes per token ``kvscope.models.hf_config.kv_bytes_per_token``, the formula the engine's ``ModelSpec`` uses.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from kvscope.models.hf_config import (
-    ConfigError,
-    decoder_dims,
-    kv_bytes_per_token,
-    max_positions,
-    parse_config,
-    sliding_layers,
-    text_part,
-)
+from kvscope.models.hf_config import kv_bytes_per_token
+from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape, shape_from_config
 from kvscope.utils.units import fmt_bytes
+
+# The shapes' names, kept importable from here for kvscope plan and the notebooks (their home: planning.shapes)
+__all__ = ["DTYPE_BYTES", "KNOWN_MODELS", "ModelShape", "Plan", "fmt_bytes", "known_shape", "make_plan", "render",
+           "shape_from_config"]
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
                "fp8": 1, "float8": 1, "int8": 1}
-
-
-@dataclass(slots=True)
-class ModelShape:
-    """What the planner needs to know about a model."""
-
-    name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    num_params: int = 0  # 0 = unknown
-    max_position_embeddings: int = 0  # 0 = unknown
-    note: str = ""
-    sliding_window: int = 0  # 0 = no sliding-window layers
-    num_sliding_layers: int = 0  # of num_layers (all of them when a window is given without a count)
-
-    def __post_init__(self) -> None:
-        if self.sliding_window and not self.num_sliding_layers:
-            self.num_sliding_layers = self.num_layers
-
-
-# Shapes from each model's published config.json (parameter counts from their model cards).
-KNOWN_MODELS: dict[str, ModelShape] = {m.name: m for m in (
-    ModelShape("llama-7b", 32, 32, 128, 6_738_415_616, 4096, "Llama-2-7B: 32 heads, no GQA"),
-    ModelShape("llama-13b", 40, 40, 128, 13_015_864_320, 4096, "Llama-2-13B: 40 heads, no GQA"),
-    ModelShape("llama-70b", 80, 8, 128, 68_976_648_192, 4096, "Llama-2-70B: 64 query heads share 8 KV heads"),
-    ModelShape("llama-3-8b", 32, 8, 128, 8_030_261_248, 8192, "Llama-3-8B: 32 query heads share 8 KV heads"),
-    ModelShape("llama-3-70b", 80, 8, 128, 70_553_706_496, 8192, "Llama-3-70B: 64 query heads, 8 KV heads"),
-    ModelShape("mistral-7b", 32, 8, 128, 7_241_732_096, 32768,
-               "Mistral-7B-v0.1: 32 query heads, 8 KV heads, a 4096-token window in every layer", 4096),
-    ModelShape("gemma-2-9b", 42, 8, 256, 9_241_705_984, 8192,
-               "Gemma-2-9B: 16 query heads, 8 KV heads; every other layer has a 4096-token window", 4096, 21),
-    ModelShape("gpt-oss-20b", 24, 8, 64, 0, 131072,
-               "gpt-oss-20b: 64 query heads, 8 KV heads; every other layer has a 128-token window "
-               "(MXFP4 weights: give --weights)", 128, 12),
-    ModelShape("qwen2.5-0.5b", 24, 2, 64, 494_032_768, 32768, "Qwen2.5-0.5B: 14 query heads, 2 KV heads"),
-    ModelShape("qwen2.5-7b", 28, 4, 128, 7_615_616_512, 32768, "Qwen2.5-7B: 28 query heads, 4 KV heads"),
-    ModelShape("qwen2.5-14b", 48, 8, 128, 14_770_033_664, 32768, "Qwen2.5-14B: 40 query heads, 8 KV heads"),
-    ModelShape("gpt2", 12, 12, 64, 124_439_808, 1024, "GPT-2 small: 12 heads"),
-    ModelShape("smollm2", 30, 3, 64, 134_515_008, 8192, "SmolLM2-135M: 9 query heads, 3 KV heads"),
-    ModelShape("tiny", 2, 2, 16, 139_584, 2048, "kvscope's random test model"),
-)}
-ALIASES = {"llama-2-7b": "llama-7b", "llama2-7b": "llama-7b", "llama-2-13b": "llama-13b",
-           "llama-2-70b": "llama-70b", "llama3-8b": "llama-3-8b", "mistral": "mistral-7b",
-           "qwen2.5": "qwen2.5-7b", "smollm2-135m": "smollm2", "gpt2-small": "gpt2"}
-
-
-def known_shape(name: str) -> ModelShape | None:
-    key = name.strip().lower()
-    return KNOWN_MODELS.get(ALIASES.get(key, key))
-
-
-def shape_from_config(folder: str | Path) -> ModelShape:
-    """The shape of a local model folder (its ``config.json``, read by ``kvscope.models.hf_config``); the
-    parameter count from the safetensors files when present, else left unknown. ``ValueError`` if unreadable."""
-    folder = Path(folder).expanduser()
-    path = folder / "config.json" if folder.is_dir() else folder
-    try:
-        cfg = text_part(parse_config(path))
-    except FileNotFoundError:
-        raise ValueError(f"{str(folder)!r} has no config.json; give a Hugging Face model folder") from None
-    except (OSError, ConfigError) as exc:
-        raise ValueError(f"cannot read {str(path)!r} as a model config: {exc}") from None
-    dims = decoder_dims(cfg)
-    if dims is None:
-        raise ValueError(f"{str(path)!r} does not describe a decoder (num_hidden_layers, num_attention_heads "
-                         "and hidden_size are needed); give --layers, --kv-heads and --head-dim instead")
-    window, num_sliding = sliding_layers(cfg, dims.num_layers)
-    return ModelShape(
-        name=str(folder),
-        num_layers=dims.num_layers,
-        num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim,
-        num_params=_params_on_disk(path.parent),
-        max_position_embeddings=max_positions(cfg),
-        note=f"from {path}",
-        sliding_window=window,
-        num_sliding_layers=num_sliding,
-    )
-
-
-def _params_on_disk(folder: Path) -> int:
-    """Parameters counted from the headers of the folder's ``*.safetensors`` files (0 if none)."""
-    total = 0
-    for file in sorted(folder.glob("*.safetensors")):
-        try:
-            with open(file, "rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
-        except (OSError, ValueError):
-            return 0
-        for name, info in header.items():
-            if name != "__metadata__" and isinstance(info, dict):
-                total += math.prod(info.get("shape", []))
-    return total
 
 
 @dataclass(slots=True)
@@ -253,7 +151,7 @@ def render(plan: Plan, note: str = "") -> str:
         f" ({p.sliding_blocks_per_request} in the sliding layers)" if p.num_sliding_layers else "")
     lines.append(f"paged request    avg {p.avg_len} tokens -> {blocks} x {p.block_size} = "
                  f"{fmt_bytes(p.paged_bytes_per_request)}  ({p.paged_waste:.1%} last-block slack)")
-    if p.kv_budget is None:
+    if p.kv_budget is None or p.gpu_mem is None or p.weights is None or p.reserve is None:  # set together
         lines += ["", "add --gpu-mem (e.g. --gpu-mem 40GiB --weights 14GiB --reserve 4GiB) for concurrency"]
         return "\n".join(lines)
     lines += [

@@ -4,13 +4,13 @@ Each step that computed tokens is one sample: its features (``StepFeatures.of_re
 ``t_start`` of the next step minus its own when the engine went straight on (requests were still running
 or waiting after it), else its duration. A watched vLLM's steps count too when its plugin lines carry the
 iteration's details (``--enable-logging-iteration-details``: tokens, requests and ``elapsed_ms``; no context
-lengths, so those features stay unfitted), each step's period then being its own duration. Per phase (steps with a prefill chunk; decode-only steps), the
-coefficients are non-negative least squares (a cost per token is never negative) solved by an active
-set over numpy's ``lstsq``; ordinary, not relative, least squares, so the line gets the *mean* right (a
-run's duration); the scatter around it (``ratio_quantiles``) gets the median right (ITL). Every fifth step
-is held out and the fit is judged on those: per-step relative error of the line (median, p90) and the error
-of their total. Features that never vary in a phase get no coefficient, and say so; nor does ``blocks``
-(``NOT_SEPARABLE``).
+lengths, so those features stay unfitted), each step's period then being its own duration. Per phase (steps
+with a prefill chunk; decode-only steps), the coefficients are non-negative least squares (a cost per token is
+never negative) solved by an active set over numpy's ``lstsq``; ordinary, not relative, least squares, so the
+line gets the *mean* right (a run's duration); the scatter around it (``ratio_quantiles``) gets the median
+right (ITL). Every fifth step is held out and the fit is judged on those: per-step relative error of the line
+(median, p90) and the error of their total. Features that never vary in a phase get no coefficient, and say
+so; nor does ``blocks`` (``NOT_SEPARABLE``).
 
 The prefill phase's fixed cost is at least the decode phase's (fitted first): a step with a prefill chunk does
 a decode step's fixed work and more. Free, NNLS let the mixed steps' decode tokens stand in for it (in a
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.sim.features import FEATURE_NAMES, StepFeatures
-from kvscope.sim.step_model import PHASES, LinearStepModel, PhaseFit
+from kvscope.sim.step_model import LinearStepModel, PhaseFit
 from kvscope.telemetry.records import StepRecord
+from kvscope.telemetry.step_features import FEATURE_NAMES, PHASES, StepFeatures
 
 HOLD_OUT_EVERY = 5
 MIN_STEPS = 10

@@ -1,12 +1,13 @@
-"""Step-time models: ``predict(StepFeatures) -> seconds``, saved as JSON (``kvscope calibrate -o step.json``).
+"""Step-time models for a simulation: ``predict(StepFeatures) -> seconds``, the fitted one saved as JSON
+(``kvscope calibrate -o step.json``).
 
-- ``LinearStepModel``: per phase (steps with a prefill chunk, and decode-only steps), a fixed cost per
-  step plus a non-negative cost per unit of each feature (``sim/features.py``), fitted on a recorded run
-  (``sim/calibrate.py``). Linear because a step's work is: GEMMs linear in the tokens computed, attention
-  linear in the context read (and in chunk x context for a prefill), and per-request bookkeeping linear in
-  the batch (BLIS / inference-sim fit the same form). Per phase because a decode-only step and a step with a
-  prefill chunk spend their time differently (bandwidth vs compute on a GPU; on this CPU, attention kernels
-  of different kinds).
+- ``LinearStepModel``: per phase (``kvscope.telemetry.step_features.phase_of``: steps with a prefill chunk, and
+  decode-only steps), a fixed cost per step plus a non-negative cost per unit of each feature (``StepFeatures``),
+  fitted on a recorded run (``sim/calibrate.py``). Linear because a step's work is: GEMMs linear in the tokens
+  computed, attention linear in the context read (and in chunk x context for a prefill), and per-request
+  bookkeeping linear in the batch (BLIS / inference-sim fit the same form). Per phase because a decode-only step
+  and a step with a prefill chunk spend their time differently (bandwidth vs compute on a GPU; on this CPU,
+  attention kernels of different kinds).
 - Noise: a real step time scatters around that line (the allocator, the OS, the GC); the mean sets a run's
   duration and the median its ITL. So each phase keeps the quantiles of measured / predicted on the steps
   it was fitted on, and ``predict`` multiplies by one drawn from them (seeded: the same run every time).
@@ -14,6 +15,14 @@
 
 Each predicts the step's *period*: its own time plus the engine loop's overhead until the next step
 starts, so a simulated run's duration and latencies add up like a real one's.
+
+The same family as telemetry's online baseline (``kvscope.telemetry.step_baseline.OnlineStepModel``): the same
+features and phases, a line per phase. They are fitted apart because they answer different questions. This one
+predicts *another* workload (other batches, lengths, block sizes), so it needs a cost per feature that carries
+over: every feature, non-negative least squares over the whole finished run (numpy), and the scatter. The
+baseline judges each step of *this* run against its recent pace while the run goes on: one regressor, the tokens
+computed (``StepFeatures.of_counts``: O(1) per step whatever the batch, and all that a watched vLLM reports),
+fitted by least squares with forgetting (a run whose contexts grow changes pace) on a few running sums.
 """
 
 from __future__ import annotations
@@ -24,23 +33,20 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
-from kvscope.sim.features import FEATURE_NAMES, StepFeatures
-
-PHASES = ("prefill", "decode")
+from kvscope.telemetry.step_features import FEATURE_NAMES, PHASES, StepFeatures, phase_of
 
 
 class StepTimeModel(Protocol):
+    """What times a simulated step (``kvscope.sim.worker.SimWorker`` calls ``predict``): ``LinearStepModel`` or
+    ``RooflineModel``; ``describe()`` goes into the run's metadata."""
+
     name: str
 
     def predict(self, features: StepFeatures) -> float: ...
 
     def describe(self) -> dict[str, Any]: ...
-
-
-def phase_of(f: StepFeatures) -> str:
-    return "prefill" if f.prefill_tokens else "decode"
 
 
 @dataclass(slots=True)
@@ -108,7 +114,11 @@ class LinearStepModel:
         from kvscope.utils.files import atomic_write
 
         text = json.dumps(self.describe(), indent=2) + "\n"
-        return atomic_write(path, lambda f: f.write(text))
+
+        def write(f: IO[str]) -> None:
+            f.write(text)
+
+        return atomic_write(path, write)
 
 
 def load_step_model(path: str | os.PathLike) -> LinearStepModel:

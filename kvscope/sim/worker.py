@@ -1,6 +1,7 @@
 """The model-free worker: what ``Engine.step`` calls in place of the ``ModelRunner`` in a simulation.
 
-It has the runner's methods and the attributes the run metadata reads, and none of its tensors:
+It is a ``kvscope.engine.protocols.Worker`` (as the ``ModelRunner`` is: ``EngineParts.runner`` is typed with it), and
+has none of the runner's tensors:
 ``prepare`` reads the step's features off the ``SchedulerOutput`` and picks the requests that sample (in
 the runner's packing order, so ``update_from_output`` sees them in the same order as in a real run);
 ``forward`` advances the virtual clock by the step-time model's prediction; ``sample`` gives each of them
@@ -18,15 +19,10 @@ from typing import Any
 from kvscope.engine.core.kv_groups import KVCacheConfig
 from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request
-from kvscope.sim.features import StepFeatures, multi_token_indices, prefill_indices
 from kvscope.sim.speculative import accepted_drafts
 from kvscope.sim.step_model import StepTimeModel
+from kvscope.telemetry.step_features import StepFeatures, multi_token_indices, prefill_indices
 from kvscope.utils.clock import VirtualClock
-
-
-@dataclass(slots=True)
-class SimBackend:
-    name: str = "simulated"
 
 
 @dataclass(slots=True)
@@ -48,7 +44,7 @@ class SimWorker:
     kv_bytes_per_block: int
     kv_config: KVCacheConfig
     token_id: int = 0  # what every simulated step samples (never an end-of-sequence token)
-    backend: SimBackend = field(default_factory=SimBackend)
+    backend_name: str = "simulated"  # no attention kernels run (the run metadata's attention_backend)
     predicted_s: float = 0.0  # total over the run
     acceptance_rate: float = 0.0  # speculative decoding: each draft position's chance (sim/speculative.py)
     rng: random.Random = field(default_factory=lambda: random.Random(0))

@@ -3,31 +3,23 @@
 Telemetry imports nothing of the engine, the models or the kernels: a source hands the ``Recorder`` plain
 records (``BatchSummary``, ``StepTimings``, ``SchedulerStats``, block-pool events, request events).
 
-- ``records``: the record types (``StepRecord``, ``RequestEvent``, ...) and what a source hands in;
-- ``recorder``: the ``Recorder`` (ring buffers, subscribers, request ids, events held to a step's end);
+- ``records``: the record types (``StepRecord``, ``RequestEvent``, ...); ``inputs``: what a source hands in;
+- ``recorder``: the ``Recorder`` (ring buffers, subscribers, events held to a step's end); ``request_names``:
+  the ids it records (a reused id becomes ``id#2``);
 - ``step_record``: a step's ``StepRecord`` and ``KVState`` from the source's plain data;
 - ``pagemap``: the page map kept incrementally (``PageMapTracker``) and rebuilt at a step (``page_map_at``);
 - ``memory``: the memory readings sampled with each record (``MemoryProbe``: NVML, allocator, host RSS);
 - ``profiler``: a torch.profiler window over engine steps; ``kernel_time``: its ops by category, per step;
 - ``frames``: a run's DataFrames (per step, per request, per draft position);
   ``run_summary``: its headline numbers;
-- ``serialize``, ``export``, ``load``: records to JSON and back, the trace and metrics files written and read.
+- ``serialize``, ``export``, ``load``: records to JSON and back, the trace and metrics files written and read;
+  ``trace``: the trace's events (its layout).
 """
 
+from kvscope.telemetry.inputs import BatchSummary, RequestProgress, SchedulerStats, StepTimings
 from kvscope.telemetry.memory import MemoryProbe
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import (
-    FREE_PAGE,
-    BatchSummary,
-    KVState,
-    PageEntry,
-    RequestEvent,
-    RequestProgress,
-    ScheduledItem,
-    SchedulerStats,
-    StepRecord,
-    StepTimings,
-)
+from kvscope.telemetry.records import FREE_PAGE, KVState, PageEntry, RequestEvent, ScheduledItem, StepRecord
 
 __all__ = [
     "FREE_PAGE",

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvscope.telemetry.export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT, is_our_pid
+from kvscope.telemetry.export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT
 from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.telemetry.serialize import event_from_dict, step_from_dict
+from kvscope.telemetry.trace import is_our_pid
 
 Loaded = tuple[list[StepRecord], list[RequestEvent], dict[str, Any], list[dict[str, Any]]]
 
@@ -67,33 +69,33 @@ def read_run_file(path: str | os.PathLike) -> Loaded:
         return _read(path)
     except RunFileError:
         raise
-    except RecursionError:
-        raise RunFileError(f"{path}: JSON nested too deeply; not a kvscope trace or metrics file") from None
-    except MemoryError:
-        raise RunFileError(f"{path}: too large to load in the memory available") from None
-    except _Hostile as exc:
-        raise RunFileError(f"{path}: the file holds {exc}; not a kvscope trace or metrics file") from None
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
-        # malformed records inside an otherwise kvscope-shaped file (found by fuzzing)
-        raise RunFileError(f"{path}: a damaged kvscope file ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:
+        problem = next((why(exc) for kinds, why in _PROBLEMS if isinstance(exc, kinds)), None)
+        if problem is None:
+            raise
+        raise RunFileError(f"{path}: {problem}") from None
+
+
+# What an error met while reading a file says about the file: the first entry whose type matches (an error of
+# none of these types is not the file's).
+_PROBLEMS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any], str]], ...] = (
+    (FileNotFoundError, lambda exc: "no such file"),
+    (IsADirectoryError, lambda exc: "is a folder, not a kvscope trace or metrics file"),
+    (OSError, lambda exc: f"cannot read it ({exc.strerror or exc})"),
+    (UnicodeDecodeError, lambda exc: "not a text file (a kvscope trace is JSON, a metrics file JSON Lines)"),
+    (RecursionError, lambda exc: "JSON nested too deeply; not a kvscope trace or metrics file"),
+    (MemoryError, lambda exc: "too large to load in the memory available"),
+    (_Hostile, lambda exc: f"the file holds {exc}; not a kvscope trace or metrics file"),
+    # malformed records inside an otherwise kvscope-shaped file (found by fuzzing)
+    ((ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError),
+     lambda exc: f"a damaged kvscope file ({type(exc).__name__}: {exc})"),
+)
 
 
 def _read(path: Path) -> Loaded:
     _check_size(path)
-    try:
-        data = path.read_bytes()  # bytes: no newline translation, so line numbers are the file's own
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise RunFileError(f"{path}: is a folder, not a kvscope trace or metrics file") from None
-    except OSError as exc:
-        raise RunFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RunFileError(
-            f"{path}: not a text file (a kvscope trace is JSON, a metrics file JSON Lines)"
-        ) from None
+    data = path.read_bytes()  # bytes: no newline translation, so line numbers are the file's own
+    text = data.decode("utf-8")
     del data
     if not text.strip():
         raise RunFileError(f"{path}: the file is empty")

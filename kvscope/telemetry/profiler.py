@@ -3,7 +3,8 @@
 ```python
 with engine.profile(num_steps=4, wait=0, warmup=1) as prof:   # or prof = engine.profile(...) ... prof.stop()
     engine.generate(prompts, params)
-prof.summaries            # {step: {"attention": ns, "matmul": ns, "store_kv": ns, "sampling": ns, "other": ns, "total": ns}}
+prof.summaries            # {step: {"attention": ns, "matmul": ns, "store_kv": ns, "sampling": ns, "other": ns,
+                          #         "total": ns}}
 engine.recorder.steps     # the profiled records carry the same dict in ``.profile``
 ```
 

@@ -14,25 +14,23 @@ Events that a step's results cause (``first_token``, and ``finished`` with reaso
 held until the step's record is made and stamped with its ``t_end_ns``: the moment the step hands its
 tokens back. ``scheduled``, ``resumed`` and ``preempted`` are stamped with the end of scheduling.
 
-Request ids are unique in a run's records. A source may reuse an id once its request has finished
-(the engine refuses only ids still in use); the recorder then records the new request as ``id#2``
-(``id#3``, ...) from its ``queued`` event to its ``finished`` one, in events, scheduled items and the
-page map alike. What the recorder keeps per request is dropped when it finishes, and the ids already
-recorded are remembered only as far back as the event ring reaches (a bounded LRU).
+Request ids are unique in a run's records: a reused source id is recorded as ``id#2``, ...
+(``request_names.py``). What the recorder keeps per request is dropped when it finishes.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kvscope.telemetry.inputs import BatchSummary, SchedulerStats, StepTimings
 from kvscope.telemetry.memory import MemoryProbe
 from kvscope.telemetry.pagemap import PageMapTracker
-from kvscope.telemetry.records import BatchSummary, RequestEvent, SchedulerStats, StepRecord, StepTimings
+from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.telemetry.request_names import RequestNames
 from kvscope.telemetry.step_record import kv_state, step_record
 from kvscope.utils.clock import WALL_CLOCK, Clock
 
@@ -40,7 +38,7 @@ Subscriber = Callable[[StepRecord | RequestEvent], None]
 _STEP_CAUSED = ("stop", "length")
 
 
-class Recorder:
+class Recorder(RequestNames):
     """``meta``: the run's static metadata (JSON values); the recorder reads ``block_size``,
     ``num_blocks``, ``kv_bytes_per_token``, ``kv_bytes_per_block`` and ``max_model_len`` from it and
     hands a copy of all of it to every ``snapshot``. ``memory``: the probe sampled with each record
@@ -84,10 +82,7 @@ class Recorder:
         # per unfinished request (by recorded id), dropped when it finishes
         self._seen_scheduled: set[str] = set()
         self._was_preempted: set[str] = set()
-        self._renamed: dict[str, str] = {}  # source id -> recorded id, for unfinished requests renamed
-        # recorded ids of this run, least recently finished first, at most as many as the event ring
-        # holds events (an id whose events left the ring cannot be merged with any more)
-        self._recorded: OrderedDict[str, int] = OrderedDict()  # id -> the last suffix given for it
+        self._reset_names(self.events.maxlen)  # the recorded ids of this run (request_names.py)
         self.pages.since_snapshot = self.pages.snapshot_every  # the next record is a full snapshot
         last = self._stats
         self.baseline = {  # prefix-cache counters are cumulative over the source's life
@@ -154,29 +149,11 @@ class Recorder:
         ``step``; ``reason`` and ``error`` count for ``finished`` only. Without ``t_ns`` it is stamped
         now, or, for a first token or a stop / length finish, with the end of the step recorded next.
         ``queued`` starts a request: an id this run already recorded is recorded as ``id#2``, ..."""
-        rid = self._queue_id(request_id) if kind == "queued" else self._renamed.get(request_id, request_id)
+        rid = self._recorded_id(kind, request_id)
         held = self._event(kind, rid, step, num_prompt_tokens, num_output_tokens, reason, error, t_ns,
                            num_cached_tokens, prompt_token_ids if kind == "queued" else None)
         if kind == "finished" and not held:  # a held finish keeps its name until the step's record
-            self._renamed.pop(request_id, None)
-
-    def _queue_id(self, request_id: str) -> str:
-        """The recorded id of a request just queued: its own, or the first free ``id#N``."""
-        recorded = self._recorded
-        rid, n = request_id, recorded.get(request_id, 0)
-        while rid in recorded:
-            n += 1
-            rid = f"{request_id}#{n}"
-        if rid != request_id:
-            recorded[request_id] = n
-            self._renamed[request_id] = rid
-        self._remember(rid)
-        return rid
-
-    def _remember(self, rid: str) -> None:
-        self._recorded[rid] = self._recorded.pop(rid, 1)
-        while len(self._recorded) > self.events.maxlen:
-            self._recorded.popitem(last=False)
+            self._forget_name(request_id)
 
     def _event(self, kind: str, rid: str, step: int, num_prompt_tokens: int, num_output_tokens: int,
                reason: str | None, error: str | None, t_ns: int | None, num_cached_tokens: int = 0,
@@ -218,12 +195,9 @@ class Recorder:
 
     def record_step(self, batch: BatchSummary, timings: StepTimings, stats: SchedulerStats) -> StepRecord:
         """Record a finished step: its batch, phase times and the counters after it."""
-        renamed = self._renamed
-        if renamed:
+        if self._renamed:
             batch = self._rename(batch)
-            ended = {e.request_id for e in self._pending if e.kind == "finished"}
-            for source in [k for k, rid in renamed.items() if rid in ended]:
-                del renamed[source]
+            self._forget_names(e.request_id for e in self._pending if e.kind == "finished")
         self._step_events(batch, timings)
         record = self._make_record(batch, timings, stats)
         self.steps.append(record)
@@ -232,26 +206,14 @@ class Recorder:
         self._publish(record)
         return record
 
-    def _rename(self, batch: BatchSummary) -> BatchSummary:
-        """``batch`` with the recorded ids of renamed requests (reused source ids)."""
-        names = self._renamed
-
-        def fix(items: list) -> list:
-            return [dataclasses.replace(x, request_id=names[x.request_id]) if x.request_id in names else x
-                    for x in items]
-
-        counts = batch.counts and dataclasses.replace(batch.counts, sampled_ids=[names.get(rid, rid) for rid in
-                                                                                 batch.counts.sampled_ids])
-        return dataclasses.replace(batch, scheduled=fix(batch.scheduled), admitted=fix(batch.admitted),
-                                   preempted=fix(batch.preempted), counts=counts)
-
     def _step_events(self, batch: BatchSummary, timings: StepTimings) -> None:
         """The step's own request events (preempted, resumed / scheduled at the end of scheduling),
         then the ones held for its end (first tokens, stop / length finishes). Ids are recorded ids."""
         t_sched, step = timings.scheduled_ns, batch.step
         for p in batch.preempted:
             self._was_preempted.add(p.request_id)
-            self._event("preempted", p.request_id, step, p.num_prompt_tokens, p.num_output_tokens, None, None, t_sched)
+            self._event("preempted", p.request_id, step, p.num_prompt_tokens, p.num_output_tokens, None, None,
+                        t_sched)
         for p in batch.admitted:
             rid = p.request_id
             if rid in self._was_preempted:

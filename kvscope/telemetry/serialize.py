@@ -143,9 +143,8 @@ def step_from_dict(d: dict[str, Any]) -> StepRecord:
         spec = d.get("spec_decode")
         kwargs["spec_decode"] = spec_from_dict(spec) if spec is not None else None
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(
-            f"step record {d.get('step', '?') if isinstance(d, dict) else '?'} is malformed ({type(exc).__name__}: {exc})"
-        ) from None
+        step = d.get("step", "?") if isinstance(d, dict) else "?"
+        raise ValueError(f"step record {step} is malformed ({type(exc).__name__}: {exc})") from None
     return StepRecord(**kwargs)
 
 

@@ -84,7 +84,7 @@ class SlowCapture:
                 self._close()
             return
         expected, slow = self.model.observe(item, learn=not self._busy())
-        if slow:
+        if slow and expected is not None:  # a slow step always has its expected time
             self._slow(item, expected)
 
     def _slow(self, record: StepRecord, expected: float) -> None:

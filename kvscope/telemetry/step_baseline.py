@@ -1,16 +1,25 @@
 """The run's own step-time baseline, learnt online, and the rule that calls a step slow.
 
-``OnlineStepModel`` is the cheap online counterpart of ``kvscope.sim.calibrate`` (which fits with NNLS over the
-whole run and is not importable here): per phase (steps with a prefill chunk; decode-only steps), a line
-``intercept + slope x tokens computed`` fitted by least squares with exponential forgetting (``DECAY`` per step of
-the phase, so it follows a run whose contexts grow). Each update and prediction is a handful of float operations
-on five running sums: O(1) per step whatever the run's length.
+``OnlineStepModel``: per phase (``step_features.phase_of``: steps with a prefill chunk; decode-only steps), a
+line ``intercept + slope x tokens computed`` fitted by least squares with exponential forgetting (``DECAY`` per
+step of the phase, so it follows a run whose contexts grow). It reads a step through ``StepFeatures.of_counts``
+(the one reader of a step's features). Each update and prediction is a handful of float operations on five
+running sums: O(1) per step whatever the run's length or the batch's size.
+
+It is one of kvscope's step-time models (``kvscope.telemetry.step_features`` lists them): the same features and
+phases as the model ``kvscope calibrate`` fits (``kvscope.sim.step_model.LinearStepModel``), a line per phase
+too, fitted another way because it serves another purpose. It judges each step of this run against the run's
+recent pace as the run goes on, so it must be cheap per step, standard library only (it runs in the engine's
+loop, under ``--capture-slow``), follow a change of pace, and fit from the few dozen steps it remembers: one
+regressor, not the fitted model's seven non-negative costs solved by numpy over the whole finished run (which
+must carry over to another workload, as this baseline never has to).
 
 ``SlowRule``: a step is slow when its duration is at least ``ratio`` x the prediction *and* at least
 ``min_excess_s`` above it, judged only once the run has ``warmup_steps`` timed steps and the step's phase has
 ``MIN_PHASE_SAMPLES`` of its own. The prediction comes from the steps before it only. A slow step is learnt
 clipped to ``ratio`` x its prediction, so one spike barely moves the line while a lasting change of pace is
-still followed.
+still followed. ``kvscope.explain.slow`` flags steps by the same rule (and its defaults, ``SLOW_RATIO`` and
+``MIN_EXCESS_S``), against whatever expected time it is given.
 
 ``judge_steps(records, rule)`` replays the same model over a finished run's records: the same verdicts as
 online, for the report (``kvscope.widgets``) and ``kvscope.explain.slow`` (as its ``expected``).
@@ -22,11 +31,12 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from kvscope.telemetry.records import StepRecord
+from kvscope.telemetry.step_features import PHASES, StepFeatures, phase_of
 
 DECAY = 0.98  # per step of a phase: about the last 50 steps count
 MIN_PHASE_SAMPLES = 8
-SLOW_RATIO = 2.0  # as kvscope.explain.slow's (which telemetry may not import)
-MIN_EXCESS_S = 1e-3
+SLOW_RATIO = 2.0  # a step is slow at twice its expected time...
+MIN_EXCESS_S = 1e-3  # ...and 1 ms over it
 WARMUP_STEPS = 16
 
 
@@ -54,9 +64,9 @@ class SlowRule:
 class _PhaseLine:
     """Exponentially weighted least squares of y on x: five running sums."""
 
-    n: int = 0
-    s0: float = 0.0
-    sx: float = 0.0
+    n: int = 0  # steps learnt
+    s0: float = 0.0  # sum of the weights (DECAY ** age)
+    sx: float = 0.0  # weighted sums of x (tokens computed), y (seconds), x^2 and x * y
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
@@ -86,8 +96,7 @@ class OnlineStepModel:
 
     rule: SlowRule = field(default_factory=SlowRule)
     num_timed: int = 0
-    _prefill: _PhaseLine = field(default_factory=_PhaseLine)
-    _decode: _PhaseLine = field(default_factory=_PhaseLine)
+    _lines: dict[str, _PhaseLine] = field(default_factory=lambda: {phase: _PhaseLine() for phase in PHASES})
 
     def observe(self, record: StepRecord, learn: bool = True) -> tuple[float | None, bool]:
         """(the step's expected seconds, or ``None`` while warming up; whether it is slow), then learn the
@@ -95,16 +104,19 @@ class OnlineStepModel:
         ``(None, False)``."""
         if not record.scheduled or record.t_end_ns <= record.t_start_ns:
             return None, False
-        line = self._prefill if record.num_prefill_tokens else self._decode
-        x = float(record.num_prefill_tokens + record.num_decode_tokens)
+        f = StepFeatures.of_counts(record)
+        line = self._lines[phase_of(f)]
+        x = float(f.num_tokens)
         y = (record.t_end_ns - record.t_start_ns) / 1e9
-        expected, slow = None, False
+        expected, slow, learnt = None, False, y
         if line.n >= MIN_PHASE_SAMPLES and self.num_timed >= self.rule.warmup_steps:
             expected = line.predict(x)
             slow = self.rule.is_slow(y, expected)
+            if slow:  # learnt clipped, so that one spike barely moves the line
+                learnt = min(y, self.rule.ratio * expected)
         if learn:
             self.num_timed += 1
-            line.add(x, min(y, self.rule.ratio * expected) if slow else y)
+            line.add(x, learnt)
         return expected, slow
 
 

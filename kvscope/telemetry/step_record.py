@@ -9,14 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.telemetry.records import (
-    BatchSummary,
-    KVState,
-    PageEntry,
-    SchedulerStats,
-    StepRecord,
-    StepTimings,
-)
+from kvscope.telemetry.inputs import BatchSummary, SchedulerStats, StepTimings
+from kvscope.telemetry.records import KVState, PageEntry, StepRecord
 
 
 def kv_state(stats: SchedulerStats, block_size: int, kv_bytes_per_block: int,
@@ -49,7 +43,8 @@ def step_record(batch: BatchSummary, t: StepTimings, stats: SchedulerStats, kv: 
     scheduled, counts = batch.scheduled, batch.counts  # the batch's composition (comprehensions: one pass each)
     if counts is not None:  # a light batch: counted by its source
         prefill_seqs, prefill_tokens = counts.num_prefill_seqs, counts.num_prefill_tokens
-        decode_seqs, decode_tokens, num_sampled = counts.num_decode_seqs, counts.num_decode_tokens, counts.num_output_tokens
+        decode_seqs, decode_tokens = counts.num_decode_seqs, counts.num_decode_tokens
+        num_sampled = counts.num_output_tokens
     else:
         decodes = [item.num_tokens for item in scheduled if item.kind == "decode"]
         decode_seqs, decode_tokens = len(decodes), sum(decodes)

@@ -1,9 +1,9 @@
 """A watched vLLM: a running vLLM server (or a fleet) as a telemetry source (``kvscope watch``).
 
-- ``metrics``: scrape and parse ``/metrics`` (prometheus_client's parser) into ``MetricsSample``s;
-- ``events``: vLLM's KV cache events over ZMQ (both encodings, sequence gaps, restarts, replay);
-- ``residency``: the prefix tree of cached blocks that the events describe;
-- ``plugin`` / ``plugin_log``: the vLLM stat-logger plugin and the tail of the JSONL it writes;
+- ``metrics`` / ``samples``: scrape ``/metrics`` and parse it (prometheus_client's parser) into ``MetricsSample``s;
+- ``events`` / ``subscriber``: vLLM's KV cache events (both encodings) and their ZMQ socket (gaps, restarts, replay);
+- ``residency`` / ``block_tree``: the prefix tree of cached blocks that the events describe, and its shape;
+- ``plugin`` / ``plugin_format`` / ``plugin_log``: the vLLM stat-logger plugin, its JSONL lines and their tail;
 - ``source``: all of it turned into kvscope records and the ``meta["watch"]`` description;
 - ``summary``: what that description adds up to (standard library only).
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from kvscope.watched import kv_transfer as kvt
 from kvscope.watched.limits import MAX_COUNT
-from kvscope.watched.metrics import Histogram, MetricsSample
 from kvscope.watched.residency import Residency
+from kvscope.watched.samples import Histogram, MetricsSample
 from kvscope.watched.watch_meta import LANE_COLUMNS
 
 WATCH_FORMAT_VERSION = 1

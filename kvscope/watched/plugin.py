@@ -12,12 +12,13 @@ loads (even under ``--disable-log-stats``) and insists on a ``StatLoggerBase`` s
 leave a server exactly as it was is to not be loaded at all. vLLM reports a plugin that fails to load with a
 traceback; for this refusal only, a logging filter turns that into one INFO line saying how to turn it on.
 
-**Light.** This module imports only the standard library. vLLM's base class is imported when vLLM asks for
-``KvscopeStatLogger`` (vLLM is loaded by then); ``StepLines``, which does the work, needs no vLLM at all, so
-kvscope's own tests drive it with stand-ins of the 0.32 stats classes. kvscope must be importable in the
-server's environment (``pip install --no-deps -e PATH_TO_KVSCOPE``; ``.ci/vllm-env`` does it).
+**Light.** This module imports only the standard library (and ``plugin_format.py``'s constants). vLLM's
+base class is imported when vLLM asks for ``KvscopeStatLogger`` (vLLM is loaded by then); ``StepLines``, which
+does the work, needs no vLLM at all, so kvscope's own tests drive it with stand-ins of the 0.32 stats classes.
+kvscope must be importable in the server's environment (``pip install --no-deps -e PATH_TO_KVSCOPE``;
+``.ci/vllm-env`` does it).
 
-The line format is defined in ``kvscope/watched/source.py`` (the tailer); what this writer adds on top, which
+The line format is defined in ``kvscope/watched/plugin_format.py``; what this writer adds on top, which
 readers may ignore: ``num_skipped_waiting_reqs`` (the deferred part of ``num_waiting_reqs``, which, like the
 ``vllm:num_requests_waiting`` gauge, counts both), ``prefix_cache_requests``, ``num_cached_prompt_tokens``,
 ``spec_decoding`` (``{"num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"}``,
@@ -33,8 +34,9 @@ import os
 import time
 from typing import Any
 
+from kvscope.watched.plugin_format import FORMAT, VERSION
+
 ENV = "KVSCOPE_VLLM_PLUGIN"
-FORMAT, VERSION = "kvscope-vllm-plugin", 1
 OFF_NOTICE = f"kvscope's vLLM stat logger is off (set {ENV}=FILE.jsonl to write each engine step to FILE.jsonl)"
 _log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Tailing the plugin's JSONL (the line format is at the top of ``source.py``): new complete lines as dicts.
+"""Tailing the plugin's JSONL (the line format is ``plugin_format.py``'s): new complete lines as dicts.
 
 The file may not exist yet (the server has not started), may grow while it is read (a line cut in
 the middle waits for its end), and may start again (truncated or replaced: read from its start).
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 MAX_LINE = 1 << 20
-PLUGIN_FORMAT = "kvscope-vllm-plugin"
 
 
 class PluginLog:

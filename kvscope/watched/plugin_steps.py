@@ -1,4 +1,4 @@
-"""The plugin's step lines (format at the top of ``source.py``) as kvscope records: each vLLM engine step a
+"""The plugin's step lines (format: ``plugin_format.py``) as kvscope records: each vLLM engine step a
 ``StepRecord`` (its batch; the fleet's state after it), each finished request four ``RequestEvent``s whose
 moments are counted back from the step's end with vLLM's own intervals. Every field is read defensively:
 what is missing or not a number counts as 0 (or "not reported"); a time ``t`` that is no plausible Unix time

@@ -1,21 +1,17 @@
 """What one engine's prefix cache holds, rebuilt from its KV events: a forest of block hashes.
 
 A ``BlockStored`` event names full blocks in order, the first one's parent given: each block's parent is
-the block before it in its sequence, so the cached blocks form a prefix tree (a root is the first block
-of a prompt; a block with many continuations below it is a shared prefix). ``BlockRemoved`` takes blocks
-out when vLLM evicts them (reuses their memory): a block a request merely freed stays cached, and stays
-here. Nothing in the events names a request or a block id, so this is the cache's content, not which
-request holds what (occupancy and fragmentation are not knowable from outside).
-
-``layout`` draws the tree as an icicle: one row per cached chain (a leaf), one column per block position,
-a shared block spanning the rows of every chain below it.
+the block before it in its sequence, so the cached blocks form a prefix tree (``block_tree.py`` reads its
+shape: chains, shared prefixes, the icicle ``layout``). ``BlockRemoved`` takes blocks out when vLLM evicts
+them (reuses their memory): a block a request merely freed stays cached, and stays here. Nothing in the
+events names a request or a block id, so this is the cache's content, not which request holds what
+(occupancy and fragmentation are not knowable from outside).
 
 Bounded for a watch of weeks (``limits.py``): at most ``MAX_RESIDENT`` cached blocks (past it the block
 stored longest ago is forgotten, counted in ``num_forgotten``: a server that never says what it evicted
 cannot grow the watcher without end), and the hashes seen before are remembered for the last
 ``MAX_REMEMBERED`` of them only, so ``num_distinct`` (distinct hashes ever stored) is exact until then and
-afterwards counts a hash stored again after that many others as new. The cycle guard walks at most
-``MAX_GUARD_STEPS`` blocks up a chain.
+afterwards counts a hash stored again after that many others as new.
 """
 
 from __future__ import annotations
@@ -24,8 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
+from kvscope.watched.block_tree import BlockTree, CachedBlock
 from kvscope.watched.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvscope.watched.limits import MAX_GUARD_STEPS, MAX_MEDIA, MAX_RESIDENT, Remembered
+from kvscope.watched.limits import MAX_MEDIA, MAX_RESIDENT, Remembered
 
 _MEDIA: dict[frozenset[str], frozenset[str]] = {}
 
@@ -36,28 +33,18 @@ def _media(media: frozenset[str]) -> frozenset[str]:
 
 
 @dataclass(slots=True)
-class CachedBlock:
-    parent: str | None
-    depth: int  # blocks before it in its sequence, as far as the events showed (0: a prompt's first block)
-    stored_ns: int  # when it was last stored
-    times_stored: int = 1  # > 1: stored again after an eviction (recomputed)
-    media: frozenset[str] = frozenset()  # shared: one object per set of media (``_media``)
-
-
-@dataclass(slots=True)
 class IntervalCounts:
     stored: int = 0  # blocks stored (cached) since the last ``take_interval``
     removed: int = 0  # blocks evicted
     cleared: int = 0  # blocks dropped by AllBlocksCleared
 
 
-class Residency:
+class Residency(BlockTree):
     """The cached blocks of one engine. ``apply`` events in order; ``take_interval`` reads and resets
     the per-interval counts; ``num_distinct`` is how many different hashes were ever stored."""
 
     def __init__(self) -> None:
-        self.blocks: dict[str, CachedBlock] = {}  # insertion order: stored longest ago first
-        self.children: dict[str, str | set[str]] = {}  # parent -> its one child, or a set of several
+        super().__init__()
         self.seen = Remembered()  # the hashes stored before (the last MAX_REMEMBERED) -> depth
         self.num_forgotten = 0  # cached blocks forgotten to stay within MAX_RESIDENT
         self.block_size: int | None = None
@@ -66,9 +53,7 @@ class Residency:
         self.num_removed_unseen = 0  # evictions of blocks stored before the watch began (or in a gap)
         self.num_restored = 0  # stores of a hash stored before (recomputed after an eviction)
         self.num_cleared = 0
-        self.version = 0  # changes with every change of what is cached (derived views are cached on it)
         self._interval = IntervalCounts()
-        self._chains_below: tuple[int, dict[str, int]] = (-1, {})
         self.by_medium: dict[str, int] = {}  # cached blocks per medium (a block in two media counts in both)
 
     def _count_media(self, media: Iterable[str], delta: int) -> None:  # MAX_MEDIA by name, then "other"
@@ -127,26 +112,7 @@ class Residency:
         self.blocks[key] = CachedBlock(parent, depth, t_ns, 2 if before else 1, _media(frozenset((medium,))))
         self._count_media((medium,), 1)
         if parent is not None:
-            kids = self.children.get(parent)
-            if kids is None or kids == key:
-                self.children[parent] = key
-            elif isinstance(kids, str):
-                self.children[parent] = {kids, key}
-            else:
-                kids.add(key)
-
-    def _below(self, key: str, ancestor: str) -> bool:
-        """Whether ``ancestor`` is on the cached path from ``key`` up to its root, as far as
-        ``MAX_GUARD_STEPS`` blocks up (beyond: taken as not, so a guard never walks a whole long chain;
-        a cycle it misses only hides its blocks from the tree, whose walks start at roots)."""
-        for _ in range(MAX_GUARD_STEPS):
-            block = self.blocks.get(key)
-            if block is None or block.parent is None:
-                return False
-            key = block.parent
-            if key == ancestor:
-                return True
-        return False
+            self._link(key, parent)
 
     def _forget(self, key: str) -> None:
         """Drop a cached block to make room (not an eviction the server reported)."""
@@ -170,16 +136,6 @@ class Residency:
         self._interval.removed += 1
         self._unlink(key, block)
 
-    def _unlink(self, key: str, block: CachedBlock) -> None:
-        if block.parent is not None:
-            kids = self.children.get(block.parent)
-            if kids == key:
-                del self.children[block.parent]
-            elif isinstance(kids, set):
-                kids.discard(key)
-                if len(kids) == 1:
-                    self.children[block.parent] = kids.pop()
-
     def clear(self) -> None:
         """Forget what is cached (the server restarted: its cache is empty); what was ever stored stays."""
         self.version += 1
@@ -190,86 +146,6 @@ class Residency:
     def take_interval(self) -> IntervalCounts:
         counts, self._interval = self._interval, IntervalCounts()
         return counts
-
-    # ---- the tree ----------------------------------------------------------------------------------------
-    def roots(self) -> list[str]:
-        """Cached blocks whose parent is not cached (a prompt's first block, or one whose prefix was evicted)."""
-        return [k for k, b in self.blocks.items() if b.parent is None or b.parent not in self.blocks]
-
-    def _kids(self, key: str) -> list[str]:
-        kids = self.children.get(key, ())
-        return ([kids] if kids in self.blocks else []) if isinstance(kids, str) else [c for c in kids if c in self.blocks]
-
-    def leaves_below(self) -> dict[str, int]:
-        """block -> number of cached chains through it (1 for a block no other chain shares); computed once
-        per ``version`` (treat the result as read-only)."""
-        if self._chains_below[0] == self.version:
-            return self._chains_below[1]
-        counts: dict[str, int] = {}
-        for root in self.roots():
-            order, stack = [], [root]
-            while stack:  # iterative DFS: chains can be thousands of blocks long
-                key = stack.pop()
-                order.append(key)
-                stack.extend(self._kids(key))
-            for key in reversed(order):
-                kids = self._kids(key)
-                counts[key] = sum(counts[c] for c in kids) if kids else 1
-        self._chains_below = (self.version, counts)
-        return counts
-
-    def chains(self) -> list[list[str]]:
-        """Every cached chain, root to leaf."""
-        out = []
-        for root in self.roots():
-            stack = [(root, [root])]
-            while stack:
-                key, path = stack.pop()
-                kids = sorted(self._kids(key))
-                if not kids:
-                    out.append(path)
-                for kid in kids:
-                    stack.append((kid, [*path, kid]))
-        return out
-
-    def hot(self, n: int = 5) -> list[tuple[str, int, int]]:
-        """The ``n`` most shared cached blocks: (hash, chains through it, depth), most shared first
-        (ties: nearer the root first)."""
-        below = self.leaves_below()
-        shared = [(k, c, self.blocks[k].depth) for k, c in below.items() if c > 1]
-        shared.sort(key=lambda x: (-x[1], x[2], x[0]))
-        return shared[:n]
-
-    def layout(self, max_rows: int = 400) -> dict[str, list]:
-        """The icicle of the cached tree: per block ``x0, x1`` (position in its sequence), ``y0, y1``
-        (the rows of the chains through it), ``chains`` (how many), ``key``, ``stored_ns`` and ``restored``.
-        At most ``max_rows`` chains: the trees with the most chains first."""
-        below = self.leaves_below()
-        cols: dict[str, list] = {k: [] for k in ("x0", "x1", "y0", "y1", "chains", "key", "stored_ns", "restored")}
-        roots = sorted(self.roots(), key=lambda k: (-below.get(k, 1), self.blocks[k].depth, k))
-        row = 0
-        for root in roots:
-            if row >= max_rows:
-                break
-            stack = [(root, row)]
-            while stack:
-                key, y = stack.pop()
-                block = self.blocks[key]
-                n = below.get(key, 1)
-                cols["x0"].append(block.depth)
-                cols["x1"].append(block.depth + 1)
-                cols["y0"].append(y)
-                cols["y1"].append(y + n)
-                cols["chains"].append(n)
-                cols["key"].append(key)
-                cols["stored_ns"].append(block.stored_ns)
-                cols["restored"].append(block.times_stored > 1)
-                offset = y
-                for kid in sorted(self._kids(key), key=lambda c: (-below.get(c, 1), c)):
-                    stack.append((kid, offset))
-                    offset += below.get(kid, 1)
-            row += below.get(root, 1)
-        return cols
 
     def counts(self) -> dict[str, int | None]:
         """The counts (cheap: no walk of the tree)."""
@@ -283,16 +159,6 @@ class Residency:
             "kv_block_size": self.block_size,  # and cached blocks per the events' medium (GPU, CPU, ...):
             "kv_blocks_by_medium": {m: n for m, n in sorted(self.by_medium.items()) if n > 0},
         }
-
-    def tree(self, hot: int = 5, max_rows: int | None = None) -> dict:
-        """What the tree's shape says: cached chains, shared blocks, the ``hot`` most shared, and (with
-        ``max_rows``) the icicle ``layout``. Walks every cached block."""
-        below = self.leaves_below()
-        out = {"kv_chains": sum(1 for k in self.blocks if not self._kids(k)),
-               "kv_shared_blocks": sum(1 for c in below.values() if c > 1), "hot": [list(h) for h in self.hot(hot)]}
-        if max_rows is not None:
-            out["layout"] = self.layout(max_rows)
-        return out
 
     def summary(self) -> dict:
         """Counts and shape for ``Run.summary`` and the files (JSON values)."""

@@ -1,28 +1,6 @@
 """The watch as a telemetry source: metrics samples, KV events and plugin step records in, kvscope records out.
 
-Plugin JSONL (the line format shared with ``plugin.py``, which writes it, and ``WatchRun``, which tails it)
----------------------------------------------------------------------------------------------------------
-One JSON object per line, UTF-8, ending in ``\\n``, each line written with one ``write`` on a file opened for
-appending (so lines of several engines or processes never interleave). Times ``t`` are Unix seconds
-(``time.time()``: the watcher may run elsewhere, so no monotonic clock crosses processes). Unknown fields are
-ignored and missing ones mean "not reported"; a line that is not JSON or not an object is counted and skipped.
-
-``{"type": "start", "format": "kvscope-vllm-plugin", "version": 1, "engine": 0, "pid": 1234, "t": 1764590000.1,
-  "vllm_version": "0.32.0", "model": "/tmp/tiny", "block_size": 32, "num_gpu_blocks": 512, "max_model_len": 2048}``
-    when a stat logger is created (once per engine index and process); a new ``pid`` is a server restart.
-``{"type": "step", "engine": 0, "pid": 1234, "t": 1764590000.4, "step": 17,``
-``  "num_running_reqs": 3, "num_waiting_reqs": 1, "kv_cache_usage": 0.25,``   SchedulerStats (absent when None)
-``  "prefix_cache_queries": 96, "prefix_cache_hits": 64,``   this step's, SchedulerStats.prefix_cache_stats
-``  "num_prompt_tokens": 96, "num_cached_prompt_tokens": 64, "num_generation_tokens": 3, "num_preempted_reqs": 0,``
-    IterationStats (0 when None; ``num_cached_prompt_tokens`` is ``prompt_token_stats.cached_tokens``)
-``  "time_to_first_tokens_s": [0.12], "inter_token_latencies_s": [0.02, 0.021],``
-``  "finished": [{"request_id": "cmpl-1", "finish_reason": "length", "num_prompt_tokens": 40,``
-``                "num_generation_tokens": 8, "num_cached_tokens": 32, "num_preemptions": 0, "e2e_latency_s": 0.5,``
-``                "queued_time_s": 0.01, "prefill_time_s": 0.1, "decode_time_s": 0.3, "inference_time_s": 0.4}],``
-``  "iteration": {"num_ctx_requests": 1, "num_ctx_tokens": 96, "num_generation_requests": 2,``
-``                "num_generation_tokens": 2, "elapsed_ms": 12.5} or null}``   SchedulerStats.iteration_details
-    once per ``record()`` call; ``step`` counts the calls of that engine's logger from 0, ``finish_reason`` is
-    ``str(FinishReason)`` (stop, length, abort, error, repetition).
+The plugin's lines follow ``plugin_format.py``; ``WatchSource`` describes the watch in ``meta["watch"]``.
 """
 
 from __future__ import annotations
@@ -44,14 +22,14 @@ from kvscope.watched.engines import (
 from kvscope.watched.events import BlockStored, EventBatch
 from kvscope.watched.fleet import fleet_kv, fleet_queues, interval_record
 from kvscope.watched.limits import ENGINE_TTL_S, MAX_ENGINES, MAX_LABEL, MAX_LOST, MAX_RANK, Remembered
-from kvscope.watched.metrics import MetricsSample, interval, restarted
 from kvscope.watched.plugin_steps import apply_line
+from kvscope.watched.samples import MetricsSample, interval, restarted
 from kvscope.watched.watch_meta import LANE_COLUMNS, append_row, describe, new_lane
 
 __all__ = ["LANE_COLUMNS", "LOST", "OK", "WAITING", "WatchSource"]
 FAULTS = ("metrics_malformed", "metrics_truncated", "scrape_errors", "server_restarts", "engines_dropped",
-          "engines_forgotten", "event_batches", "events_malformed", "events_duplicate", "event_disconnects", "event_gaps",
-          "events_missed", "event_restarts", "events_replayed", "replay_failures", "blocks_forgotten",
+          "engines_forgotten", "event_batches", "events_malformed", "events_duplicate", "event_disconnects",
+          "event_gaps", "events_missed", "event_restarts", "events_replayed", "replay_failures", "blocks_forgotten",
           "plugin_lines", "plugin_malformed", "plugin_restarts")
 
 
@@ -210,7 +188,7 @@ class WatchSource:
             eng.residency.clear()
 
     def on_plugin(self, server: int, obj: dict[str, Any]) -> None:
-        """One plugin line (see the format above; every field checked in ``plugin_steps.apply_line``)."""
+        """One plugin line (``plugin_format.py``; every field checked in ``plugin_steps.apply_line``)."""
         self.faults["plugin_lines"] += 1
         label = obj.get("engine", 0)
         if isinstance(label, bool) or not ((isinstance(label, int) and 0 <= label < MAX_RANK)
@@ -222,7 +200,8 @@ class WatchSource:
             self.faults["plugin_malformed"] += 1
 
     # ---- ticks -------------------------------------------------------------------------------------------
-    def tick(self, t_ns: int, *, layout: bool = False, force: bool = True) -> tuple[list[StepRecord], list[RequestEvent]]:
+    def tick(self, t_ns: int, *, layout: bool = False,
+             force: bool = True) -> tuple[list[StepRecord], list[RequestEvent]]:
         """Close the interval ending at ``t_ns``: a lane row per engine (and the fleet), the records and
         events it made, and a fresh ``watch`` description (``layout``: with the residency icicles;
         ``force=False``: a huge tree's shape may lag up to a second, see ``watch_meta``)."""

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from kvscope.watched.events import EventBatch, EventSubscriber
+from kvscope.watched.events import EventBatch
 from kvscope.watched.limits import REPLAY_MAX_FAILURES, REPLAY_TIMEOUT_S
 from kvscope.watched.source import WatchSource
+from kvscope.watched.subscriber import EventSubscriber
 
 DUPLICATE_WINDOW = 64  # a seq at most this far behind the next expected one is a duplicate, not a restart
 

@@ -50,12 +50,14 @@ def _raw(entry: dict) -> dict[str, Any]:
     counts, secs, offload = as_dict(entry.get("counts")), as_dict(entry.get("seconds")), as_dict(entry.get("offload"))
     raw: dict[str, Any] = {
         "kv_transfers": _int(counts.get("transfers")), "kv_transfer_bytes": _int(counts.get("bytes")),
-        "kv_transfer_failures": _int(counts.get("failures")), "kv_transfer_expired": _int(counts.get("kv_expired_reqs")),
+        "kv_transfer_failures": _int(counts.get("failures")),
+        "kv_transfer_expired": _int(counts.get("kv_expired_reqs")),
         "_s": _secs(secs.get("transfer")),
     }
     for word, kind in DIRECTIONS.items():
         o = as_dict(offload.get(kind))
-        raw[f"kv_offload_{word}_bytes"], raw[f"kv_offload_{word}_transfers"] = _int(o.get("bytes")), _int(o.get("transfers"))
+        raw[f"kv_offload_{word}_bytes"] = _int(o.get("bytes"))
+        raw[f"kv_offload_{word}_transfers"] = _int(o.get("transfers"))
         raw[f"_{word}_s"] = _secs(o.get("seconds"))
     return raw
 

@@ -172,7 +172,8 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
         if not server.alive() or time.monotonic() > deadline:
             server.stop()
             tail = server.log_tail()
-            if port_retries > 0 and "Address already in use" in server.log_tail(1 << 20):  # a free port taken before vLLM bound it
+            # a free port taken by another process before vLLM bound it
+            if port_retries > 0 and "Address already in use" in server.log_tail(1 << 20):
                 return start_vllm(model_dir, workdir, plugin=plugin, num_gpu_blocks=num_gpu_blocks,
                                   max_model_len=max_model_len, eager=eager, extra_args=extra_args, python=python,
                                   startup_timeout_s=startup_timeout_s, env=extra_env, port_retries=port_retries - 1)

@@ -65,10 +65,10 @@ def append_row(lane: dict[str, list], row: dict[str, Any], t_ns: int, limit: int
 
 
 def residency_entry(src: Any, eng: Any, layout: bool, force: bool) -> dict[str, Any]:
-    """The residency of ``eng`` (an ``EngineState`` of ``src``, a ``WatchSource``): counts always fresh; the tree's shape (which walks every cached block)
-    rebuilt when the cache changed, but for a tree so big that walking it costs more than 10 ms, at
-    most once a second, and at most a tenth of the time, unless ``force`` (so a huge cache does not slow
-    the watch down)."""
+    """The residency of ``eng`` (an ``EngineState`` of ``src``, a ``WatchSource``): counts always fresh; the
+    tree's shape (which walks every cached block) rebuilt when the cache changed, but for a tree so big that
+    walking it costs more than 10 ms, at most once a second, and at most a tenth of the time, unless ``force``
+    (so a huge cache does not slow the watch down)."""
     res = eng.residency
     cached = src.residency_cache.get(eng.key)  # (version, layout, when, cost, tree)
     now = time.monotonic()

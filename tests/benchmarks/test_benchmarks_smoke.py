@@ -1,5 +1,6 @@
 """The benchmarks still run (throughput, memory, speedups, overhead): each on its tiny ``--quick`` configuration,
-in a subprocess, exactly as a person would start it. No timing is asserted (a shared CI machine cannot promise any); the output
+in a subprocess, exactly as a person would start it. No timing is asserted (a shared CI machine cannot promise any);
+the output
 must still say what it claims: every system ran, the tokens agree, the figures parse, ratios come last.
 """
 

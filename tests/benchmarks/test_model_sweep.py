@@ -38,7 +38,8 @@ def sweep(tmp_path_factory):
 def test_no_type_differs_or_fails_after_engine_accepts_it(sweep):
     proc, markdown = sweep
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    totals = re.search(r"totals: (\d+) identical, (\d+) refused, (\d+) not buildable, 0 MISMATCH, 0 FAILED", proc.stdout)
+    totals = re.search(r"totals: (\d+) identical, (\d+) refused, (\d+) not buildable, 0 MISMATCH, 0 FAILED",
+                       proc.stdout)
     assert totals, proc.stdout[-2000:]
     table = rows(markdown)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

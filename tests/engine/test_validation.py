@@ -30,7 +30,8 @@ def test_check_int_edges(value, lo, hi, ok):
 
 @pytest.mark.parametrize("value, lo, hi, lo_open, ok", [
     (0.0, 0.0, math.inf, False, True), (0.0, 0.0, 1.0, True, False), (1.0, 0.0, 1.0, True, True),
-    (1.0000000000000002, 0.0, 1.0, True, False), (-0.0, 0.0, math.inf, False, True), (1e308, 0.0, math.inf, False, True),
+    (1.0000000000000002, 0.0, 1.0, True, False), (-0.0, 0.0, math.inf, False, True),
+    (1e308, 0.0, math.inf, False, True),
     (math.inf, 0.0, math.inf, False, False), (-math.inf, -math.inf, math.inf, False, False),
     (math.nan, 0.0, math.inf, False, False), (-1e-300, 0.0, math.inf, False, False),
 ])

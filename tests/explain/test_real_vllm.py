@@ -13,7 +13,7 @@ import pytest
 
 from kvscope.cli.main import main
 from kvscope.explain.report import read_explain
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

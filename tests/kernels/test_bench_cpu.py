@@ -1,4 +1,4 @@
-"""``python benchmarks/kernels.py`` on a machine without CUDA says so and exits 0; its code paths run end
+"""``python benchmarks/kernel_times.py`` on a machine without CUDA says so and exits 0; its code paths run end
 to end through Triton's interpreter (in this process) with the hidden ``--cpu-dry-run`` (tiny shapes,
 timings meaningless)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_times.py"
 
 
 def run(*args: str, interpret: bool) -> subprocess.CompletedProcess:

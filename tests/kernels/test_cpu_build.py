@@ -26,7 +26,8 @@ def _key(**changes) -> cpu_build.BuildKey:
 
 
 def test_the_key_changes_with_each_thing_the_binary_depends_on():
-    digests = {_key().digest(), _key(torch="2.13.0 /venv-b/torch").digest(), _key(torch="2.12.0 /venv-a/torch").digest(),
+    digests = {_key().digest(), _key(torch="2.13.0 /venv-b/torch").digest(),
+               _key(torch="2.12.0 /venv-a/torch").digest(),
                _key(flags=("-O2", "-march=native")).digest(), _key(compiler="/usr/bin/clang++ 17").digest(),
                _key(cpu="x86_64 4567").digest(), _key(cpu="aarch64 0123").digest(), _key(source="t" * 64).digest(),
                _key(python="cpython-312").digest()}

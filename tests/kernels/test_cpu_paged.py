@@ -15,7 +15,7 @@ from helpers import hf_greedy, random_prompts
 from torch.profiler import ProfilerActivity, profile
 
 from kvscope import Engine, SamplingParams
-from kvscope.kernels import cpu_paged, reference, torch_paged
+from kvscope.kernels import cpu_paged, reference, torch_paged, torch_run
 from kvscope.kernels.backend import resolve_backend
 from kvscope.models.loader import TINY_ARCHS, build_tiny_model
 from kvscope.telemetry.kernel_time import categorize
@@ -92,7 +92,7 @@ def test_mixed_batch_matches_the_torch_path():
     out = torch.zeros(q.shape[0], q.shape[1], 48)
     cpu_paged.run_plan(cpu_paged.build_plan(*args), q, kc, vc, 0.2, out)
     ref = torch.zeros_like(out)
-    torch_paged.run_plan(torch_paged.build_plan(*args), q, kc, vc, 0.2, ref)
+    torch_run.run_plan(torch_paged.build_plan(*args), q, kc, vc, 0.2, ref)
     torch.testing.assert_close(out, ref, **TOL)
     assert not torch.equal(out[:3], torch.zeros_like(out[:3]))
 

@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     spec = importlib.machinery.ModuleSpec("aot_kernels", None, is_package=True)
     spec.submodule_search_locations = [sys.argv[1]]
     sys.modules["aot_kernels"] = importlib.util.module_from_spec(spec)
-    from aot_kernels import paged_attention as pa, store_kv as sk
+    from aot_kernels import attention_kernel as ak, paged_attention as pa, store_kv as sk
 
     SMEM_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
@@ -59,12 +59,12 @@ SCRIPT = textwrap.dedent(
         pointers = {n: "*" + dt for n in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")}
         pointers.update(part_acc_ptr="*fp32", part_ml_ptr="*fp32", block_tables_ptr="*i64",
                         query_start_loc_ptr="*i32", seq_lens_ptr="*i32", sinks_ptr="*fp32")
-        build(pa._paged_attention_kernel, arch, pointers, dict(
+        build(ak.paged_attention_kernel, arch, pointers, dict(
             HEAD_DIM=head_dim, D_PAD=d_pad, HEAD_DIM_V=head_dim_v, DV_PAD=dv_pad, HAS_WINDOW=local,
             HAS_CHUNK=local, USE_SOFTCAP=local, HAS_SINKS=local, GROUP=group, BLOCK_SIZE=block_size,
             BLOCK_Q=block_m // group, BLOCK_M=block_m, TILE_N=tile_n, NUM_SPLITS=splits, DOT_FP32=False,
             DOT_PRECISION="ieee" if dt == "fp32" else "tf32"))
-    build(pa._merge_splits_kernel, 90, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+    build(ak.merge_splits_kernel, 90, {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
           "sinks_ptr": "*fp32"}, dict(HEAD_DIM=96, D_PAD=128, NUM_SPLITS=16, HAS_SINKS=True))
     build(sk._store_kv_kernel, 80, {"key_ptr": "*fp32", "value_ptr": "*fp32", "key_cache_ptr": "*bf16",
           "value_cache_ptr": "*bf16", "slot_mapping_ptr": "*i64"},

@@ -14,7 +14,7 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward a
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 
 from kvscope.kernels import paged_attention as pa
-from kvscope.kernels import reference, torch_paged
+from kvscope.kernels import reference, torch_paged, torch_run
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=4e-3),
        torch.bfloat16: dict(atol=2e-2, rtol=3.2e-2)}  # fmt: skip
@@ -143,7 +143,7 @@ def test_decodes_read_only_the_pages_of_their_window(paged_batch):
     plan = torch_paged.build_plan(b.block_tables.long(), b.query_lens, b.seq_lens_list, 3, 8, 2, torch.float32,
                                   window=20)  # fmt: skip
     assert max(d.num_pages for d in plan.decodes) <= 4
-    out = torch_paged.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query))
+    out = torch_run.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query))
     torch.testing.assert_close(out, oracle(b, window=20), **TOL[torch.float32])
 
 
@@ -151,7 +151,7 @@ def test_exact_plan_is_required_for_scores_that_sdpa_cannot_compute(paged_batch)
     b = paged_batch(4, query_lens=[1, 5], context_lens=[9, 0], device=CPU)
     plan = torch_paged.build_plan(b.block_tables.long(), b.query_lens, b.seq_lens_list, 1, 16, 1, torch.float32)
     with pytest.raises(ValueError, match="exact=True"):
-        torch_paged.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query),
+        torch_run.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query),
                              softcap=5.0)  # fmt: skip
 
 

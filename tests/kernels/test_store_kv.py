@@ -50,7 +50,8 @@ def run_both(key, value, key_cache, value_cache, slots):
 def sweep_cases(n: int = 15) -> list[dict]:
     rng = random.Random(7)
     return [
-        dict(seed=i, num_tokens=rng.randint(1, 40), num_blocks=rng.randint(6, 12), block_size=(8, 16, 32, 64, 128)[i % 5],
+        dict(seed=i, num_tokens=rng.randint(1, 40), num_blocks=rng.randint(6, 12),
+             block_size=(8, 16, 32, 64, 128)[i % 5],
              num_kv_heads=rng.choice([1, 2, 3, 4, 8]), head_dim=(64, 80, 96, 128, 256)[(i + i // 5) % 5],
              dtype=DTYPES[i % 3], negative=rng.randint(0, 3), slot_dtype=(torch.int32, torch.int64)[i % 2])
         for i in range(n)
@@ -129,7 +130,8 @@ BAD_INPUTS = {
     "int key": (lambda c: dict(key=c["key"].to(torch.int32)), "dtype torch.int32"),
     "float slots": (lambda c: dict(slot_mapping=c["slot_mapping"].float()), "slot_mapping has dtype"),
     "cache shapes": (lambda c: dict(value_cache=c["value_cache"][:1]), "differ in shape"),
-    "strided head dim": (lambda c: dict(value=c["value"].transpose(1, 2).contiguous().transpose(1, 2)), "contiguous last"),
+    "strided head dim": (lambda c: dict(value=c["value"].transpose(1, 2).contiguous().transpose(1, 2)),
+                         "contiguous last"),
     "two devices": (lambda c: dict(slot_mapping=c["slot_mapping"].to("meta")), "one device"),
 }  # fmt: skip
 

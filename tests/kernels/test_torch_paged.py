@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from kvscope.kernels import reference, torch_paged
+from kvscope.kernels import reference, torch_paged, torch_run
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -70,7 +70,7 @@ def test_many_decodes_split_into_buckets(paged_batch, sort):
     plan = torch_paged.build_plan(b.block_tables, b.query_lens, b.seq_lens_list, 40, 16, 4, torch.float32, 128)
     assert len(plan.decodes) > 1  # really bucketed
     assert all(isinstance(d.rows, slice) for d in plan.decodes) == sort
-    check(torch_paged.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query)), b)
+    check(torch_run.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query)), b)
 
 
 def test_fresh_prefills_can_attend_over_the_new_kv(paged_batch):
@@ -95,14 +95,14 @@ def test_fresh_prefills_can_attend_over_the_new_kv(paged_batch):
     b.value_cache[:, :, :, :] = float("nan")
     out = torch.zeros_like(b.query)
     fresh_rows = [r for c in plan.prefills if c.fresh for r in range(c.start, c.end)]
-    torch_paged.run_plan(torch_paged.AttentionPlan([], [c for c in plan.prefills if c.fresh]), b.query,
+    torch_run.run_plan(torch_paged.AttentionPlan([], [c for c in plan.prefills if c.fresh]), b.query,
                          b.key_cache, b.value_cache, b.scale, out, new_k, new_v)  # fmt: skip
     b.key_cache.copy_(pages[0])
     b.value_cache.copy_(pages[1])
     expected = oracle(b)
     torch.testing.assert_close(out[fresh_rows], expected[fresh_rows], atol=1e-5, rtol=1e-5)
     # ...and the whole plan with the new K/V equals the oracle
-    full = torch_paged.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query),
+    full = torch_run.run_plan(plan, b.query, b.key_cache, b.value_cache, b.scale, torch.empty_like(b.query),
                                 new_k, new_v)  # fmt: skip
     torch.testing.assert_close(full, expected, atol=1e-5, rtol=1e-5)
 

@@ -79,7 +79,8 @@ def test_arguments_reach_the_engine_and_sampling(ip):
     assert all((p.temperature, p.top_k, p.top_p, p.max_tokens) == (0.7, 5, 0.9, 4) for p in params)
     assert [p.seed for p in params] == [11, 12, 13]
     assert all(len(item.prompt) == 20 for item in run.workload)
-    assert max(run.steps["num_running"]) <= 2 and max(run.steps["num_prefill_tokens"] + run.steps["num_decode_tokens"]) <= 32
+    assert max(run.steps["num_running"]) <= 2
+    assert max(run.steps["num_prefill_tokens"] + run.steps["num_decode_tokens"]) <= 32
 
 
 def test_cell_magic_lines_are_prompts(ip):

@@ -61,8 +61,8 @@ def test_blocks_round_trip(transport):
 
 def test_summary_and_track_of_a_handmade_meta():
     pd = {"layout": "1P1D", "instances": [{"name": "decode-0", "summary": {"itl_p50_s": 0.01, "ttft_p50_s": None}}],
-          "transfers": [{"request_id": "a", "src": "prefill-0", "dst": "decode-0", "num_blocks": 2, "num_bytes": 2_000_000,
-                         "start_ns": 0, "end_ns": 1_000_000, "ok": True},
+          "transfers": [{"request_id": "a", "src": "prefill-0", "dst": "decode-0", "num_blocks": 2,
+                         "num_bytes": 2_000_000, "start_ns": 0, "end_ns": 1_000_000, "ok": True},
                         {"request_id": "b", "src": "prefill-0", "dst": "decode-0", "num_blocks": 0, "num_bytes": 0,
                          "start_ns": 5, "end_ns": 9, "ok": False, "error": "refused"}]}
     s = pd_summary(pd)

@@ -36,7 +36,8 @@ def test_each_request_has_its_path_on_its_instances(run):
     transfers = {t["request_id"]: t for t in pd["transfers"]}
     for r, segments in zip(pd["requests"], lanes):
         states = [s.state for s in segments]
-        assert states[0] == "queue" and states[-1] == "decode" and {"prefill", "transfer", "decode queue"} <= set(states)
+        assert states[0] == "queue" and states[-1] == "decode"
+        assert {"prefill", "transfer", "decode queue"} <= set(states)
         assert states == sorted(states, key=ORDER.get)  # the path's order
         for a, b in pairwise(segments):  # contiguous, never backwards
             assert a.start_ns <= a.end_ns == b.start_ns <= b.end_ns

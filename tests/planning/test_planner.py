@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from kvscope.engine.config import ModelSpec
-from kvscope.planning.planner import (
-    KNOWN_MODELS,
-    ModelShape,
-    known_shape,
-    make_plan,
-    render,
-    shape_from_config,
-)
+from kvscope.planning.planner import make_plan, render
+from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape
 from kvscope.utils.units import GiB, fmt_bytes, parse_bytes
 
 LLAMA7B = ModelShape("llama-7b-shaped", num_layers=32, num_kv_heads=32, head_dim=128)
@@ -113,26 +106,6 @@ def test_no_static_request_fits():
     assert "not even one" in render(p)
 
 
-def test_shape_from_config_folder(tmp_path):
-    cfg = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
-           "max_position_embeddings": 32768}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    # a safetensors file whose header declares two tensors: 10x20 and 5 elements
-    header = json.dumps({"a": {"dtype": "F16", "shape": [10, 20], "data_offsets": [0, 400]},
-                         "b": {"dtype": "F16", "shape": [5], "data_offsets": [400, 410]},
-                         "__metadata__": {"format": "pt"}}).encode()
-    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 410)
-    shape = shape_from_config(tmp_path)
-    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (28, 4, 128)
-    assert shape.num_params == 205
-    assert make_plan(shape).kv_bytes_per_token == make_plan(known_shape("qwen2.5-7b")).kv_bytes_per_token
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="cannot read"):
-        shape_from_config(tmp_path)
-    with pytest.raises(ValueError, match=r"no config\.json"):
-        shape_from_config(tmp_path / "missing")
-
-
 def test_fmt_bytes():
     assert fmt_bytes(512 * 1024) == "512 KiB"
     assert fmt_bytes(22 * GiB) == "22 GiB"
@@ -167,22 +140,3 @@ def test_sliding_window_layers_hold_only_their_window():
     # a short request never reaches the window: the same blocks as without one
     short = make_plan(shape, avg_len=100, max_len=2048)
     assert short.sliding_blocks_per_request == short.blocks_per_request == 7
-
-
-def test_sliding_layers_from_config(tmp_path):
-    base = {"num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
-    cases = [
-        ({"sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, (512, 5)),
-        ({"sliding_window": 512, "sliding_window_pattern": 3}, (512, 4)),  # layers 2 and 5 are full
-        ({"sliding_window": 4096}, (4096, 6)),  # Mistral: every layer
-        ({"sliding_window": 4096, "use_sliding_window": False}, (0, 0)),  # Qwen 2: a window it does not use
-        ({"sliding_window": 4096, "max_position_embeddings": 4096}, (0, 0)),  # never bites: full attention
-        ({"sliding_window": 4096, "max_position_embeddings": 32768}, (4096, 6)),
-        ({"sliding_window": None}, (0, 0)),
-    ]
-    for extra, expected in cases:
-        (tmp_path / "config.json").write_text(json.dumps({**base, **extra}))
-        shape = shape_from_config(tmp_path)
-        assert (shape.sliding_window, shape.num_sliding_layers) == expected, extra
-    with pytest.raises(ValueError, match="--sliding-layers at most --layers"):
-        make_plan(ModelShape("x", 4, 2, 8, sliding_window=16, num_sliding_layers=5))

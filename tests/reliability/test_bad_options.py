@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(120)
 UNWRITABLE = "/proc/kvscope-test.json"  # a folder nobody can create files in, root included (Linux)
 
 # (options, what the message must say); {tmp} is a folder of files made by the ``inputs`` fixture.
-# Both faces parse with kvscope/options/run.py and check with kvscope/runs/setup/prepare.py, so what both take is refused
+# Both faces parse with kvscope/options/run.py and check with kvscope/runs/setup/prepare.py, so what both take is
+# refused
 # with the same line (tests/test_options.py checks that for every option); *_ONLY are the options one
 # face has, and the refusals only one face can reach before anything starts.
 SHARED = [

@@ -141,8 +141,8 @@ def test_prompts_from_a_pipe(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "kvscope.cli.main", "run", "--prompts", "/dev/stdin", "--output-len", "2",
-                           "--num-blocks", "32", "--out", str(tmp_path / "run"), "-q"],
+    proc = subprocess.run([sys.executable, "-m", "kvscope.cli.main", "run", "--prompts", "/dev/stdin",
+                           "--output-len", "2", "--num-blocks", "32", "--out", str(tmp_path / "run"), "-q"],
                           input=f"{GOOD[0]}\n\n{GOOD[1]}\n", capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr
     run = kvscope.load(tmp_path / "run.metrics.jsonl")

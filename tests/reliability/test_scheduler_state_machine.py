@@ -234,5 +234,6 @@ def test_scheduler_state_machine():
     run_state_machine_as_test(SchedulerMachine, settings=MACHINE_SETTINGS)
     ops, steps = COUNTS["ops"] - before["ops"], COUNTS["steps"] - before["steps"]
     assert ops >= 4000 and steps >= 1000, COUNTS
-    assert COUNTS.get("drafts", 0) - before.get("drafts", 0) >= 20, COUNTS  # speculation was exercised (50-300 drafts a run)
+    # speculation was exercised (50-300 drafts a run)
+    assert COUNTS.get("drafts", 0) - before.get("drafts", 0) >= 20, COUNTS
     assert COUNTS.get("window_freed", 0) - before.get("window_freed", 0) >= 20, COUNTS  # windows freed blocks

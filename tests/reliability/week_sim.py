@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "wat
 
 from fakes import EngineMetrics, render
 
-from kvscope.runs.result.run import RunBuffer
+from kvscope.runs.result.buffer import RunBuffer
 from kvscope.watched.events import BlockStored, EventBatch
 from kvscope.watched.limits import MAX_RECORDS
 from kvscope.watched.metrics import parse

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from kvscope.sim.calibrate import fit_step_model, nnls
-from kvscope.sim.features import StepFeatures
 from kvscope.sim.step_model import load_step_model
 from kvscope.telemetry.records import KVState, ScheduledItem, StepRecord
+from kvscope.telemetry.step_features import StepFeatures
 
 KV = KVState(64, 16, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0)
 

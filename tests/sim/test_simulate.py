@@ -86,7 +86,8 @@ def test_arrivals_on_the_virtual_clock(calibration_run):
     each request is queued at its arrival time exactly."""
     items = with_arrivals(synthetic_workload(20, (16, 32), (4, 8), vocab_size=512, seed=3, exclude_ids=SPECIAL),
                           rate=2.0, seed=3)
-    sim = simulated_engine(resolve_shape("tiny"), EngineConfig(num_blocks=64), fit_step_model(calibration_run.records, 16))
+    sim = simulated_engine(resolve_shape("tiny"), EngineConfig(num_blocks=64),
+                           fit_step_model(calibration_run.records, 16))
     run = run_live(sim, items)
     queued = [e.t_ns for e in run.events if e.kind == "queued"]
     offsets = [(t - run.meta["t0_ns"]) / 1e9 for t in queued]
@@ -121,7 +122,8 @@ def test_speculation_without_an_acceptance_rate_is_refused(calibration_run):
 def test_a_long_simulation_records_the_steps_its_window_drops_light():
     """Past its window, a simulation records the steps its window will not keep light (no items, no page map):
     the same schedule and the same exact summary as with detail everywhere, and the window all in detail."""
-    from kvscope.sim.roofline import RooflineModel, find_gpu
+    from kvscope.planning.gpus import find_gpu
+    from kvscope.sim.roofline import RooflineModel
     from kvscope.telemetry.records import StepRecord
 
     shape = resolve_shape("tiny")

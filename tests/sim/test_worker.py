@@ -5,8 +5,8 @@ import random
 
 from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request, SamplingParams
-from kvscope.sim.features import StepFeatures
 from kvscope.sim.worker import SimWorker
+from kvscope.telemetry.step_features import StepFeatures
 from kvscope.utils.clock import VirtualClock
 
 

@@ -13,8 +13,9 @@ import pytest
 from telemetry_util import greedy, make_engine
 
 from kvscope import Run
-from kvscope.telemetry.export import ENGINE_PID, REQUESTS_PID, build_trace, write_metrics, write_trace
+from kvscope.telemetry.export import build_trace, write_metrics, write_trace
 from kvscope.telemetry.load import read_run_file
+from kvscope.telemetry.trace import ENGINE_PID, REQUESTS_PID
 
 
 def to_ns(us: float) -> int:

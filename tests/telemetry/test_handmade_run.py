@@ -8,16 +8,9 @@ import pytest
 
 import kvscope
 from kvscope.runs.result.run import Run
+from kvscope.telemetry.inputs import BatchSummary, RequestProgress, SchedulerStats, StepTimings
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import (
-    BatchSummary,
-    PageEntry,
-    RequestProgress,
-    ScheduledItem,
-    SchedulerStats,
-    StepRecord,
-    StepTimings,
-)
+from kvscope.telemetry.records import PageEntry, ScheduledItem, StepRecord
 
 BS, NUM_BLOCKS = 4, 6
 META = {
@@ -132,17 +125,16 @@ def test_records_follow_the_hand_made_steps(handmade):
 def test_page_map_from_hand_made_pool_events(handmade):
     rec, run = handmade
     assert run.records[0].page_map_full and len(run.records[0].page_map) == NUM_BLOCKS
-    assert pages(run, 0) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 2, "used", 1), 2: PageEntry("b", 3, "used", 1)}
-    assert pages(run, 1) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 3, "used", 1), 2: PageEntry("b", 4, "cached", 0)}
+    a_used, b_cached = PageEntry("a", 4, "used", 1), PageEntry("b", 4, "cached", 0)  # as most steps leave them
+    assert pages(run, 0) == {0: a_used, 1: PageEntry("a", 2, "used", 1), 2: PageEntry("b", 3, "used", 1)}
+    assert pages(run, 1) == {0: a_used, 1: PageEntry("a", 3, "used", 1), 2: b_cached}
     assert set(run.records[1].page_map) == {1, 2}  # a diff names only what changed
-    assert pages(run, 2) == {0: PageEntry("a", 4, "shared", 2), 1: PageEntry("a", 4, "used", 1), 2: PageEntry("b", 4, "cached", 0),
-                             3: PageEntry("c", 1, "used", 1)}
+    assert pages(run, 2) == {0: PageEntry("a", 4, "shared", 2), 1: a_used, 2: b_cached, 3: PageEntry("c", 1, "used", 1)}
     # preempted, a lets go: c, the next holder, owns block 0; block 1 keeps a's tokens, cached
-    assert pages(run, 3) == {0: PageEntry("c", 4, "used", 1), 1: PageEntry("a", 4, "cached", 0), 2: PageEntry("b", 4, "cached", 0),
+    assert pages(run, 3) == {0: PageEntry("c", 4, "used", 1), 1: PageEntry("a", 4, "cached", 0), 2: b_cached,
                              3: PageEntry("c", 2, "used", 1)}
-    assert pages(run, 4) == {0: PageEntry("a", 4, "used", 1), 1: PageEntry("a", 4, "used", 1), 2: PageEntry("b", 4, "cached", 0),
-                             4: PageEntry("a", 1, "used", 1)}
-    assert pages(run, 5) == {0: PageEntry("a", 4, "cached", 0), 1: PageEntry("a", 4, "cached", 0), 2: PageEntry("b", 4, "cached", 0)}
+    assert pages(run, 4) == {0: a_used, 1: a_used, 2: b_cached, 4: PageEntry("a", 1, "used", 1)}
+    assert pages(run, 5) == {0: PageEntry("a", 4, "cached", 0), 1: PageEntry("a", 4, "cached", 0), 2: b_cached}
     assert run.page_map_at(5) == rec.pages.entries
     assert rec.pages.tables == {} and rec.pages.holders == {}  # every request ended
 

@@ -131,7 +131,8 @@ def test_finished_requests_leave_no_tracker_state():
     engine = make_engine()
     pages = engine.recorder.pages
     seen = []  # the decodes' tail entries are kept per owner while it runs (PageMapTracker.used_entries)
-    engine.recorder.subscribe(lambda item: seen.append(len(pages.used_entries)) if isinstance(item, StepRecord) else None)
+    engine.recorder.subscribe(
+        lambda item: seen.append(len(pages.used_entries)) if isinstance(item, StepRecord) else None)
     engine.generate([[5 + i] * (3 + i) for i in range(6)], greedy(8))
     assert max(seen) > 0
     assert pages.tables == {} and pages.holders == {} and pages.used_entries == {}

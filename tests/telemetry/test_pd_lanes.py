@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from kvscope.telemetry.export import PD_REQUESTS_PID, build_trace, is_our_pid
+from kvscope.telemetry.export import build_trace
 from kvscope.telemetry.pd_lanes import request_segments
+from kvscope.telemetry.trace import PD_REQUESTS_PID, is_our_pid
 
 TRANSFER = {"request_id": "a", "src": "prefill-0", "dst": "decode-1", "transport": "shm", "num_blocks": 3,
             "num_held_blocks": 1, "num_bytes": 3072, "start_ns": 500, "end_ns": 650, "ok": True, "error": None}

@@ -4,9 +4,9 @@ run opens none, and with a real engine the window's kernels land in the run's tr
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+from slow_forward import slow_once
 from step_records import steady, step
 from telemetry_util import PROMPT_A, PROMPT_B, greedy, make_engine
 
@@ -133,16 +133,7 @@ def test_bad_settings_are_refused():
 def captured():
     """A run whose 25th forward sleeps 300 ms; the rule asks for 10x and 100 ms over, so only that one counts
     on a loaded machine."""
-    engine = make_engine()
-    forward, calls = engine.runner.forward, [0]
-
-    def forward_once_slow(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 25:
-            time.sleep(0.3)
-        return forward(*args, **kwargs)
-
-    engine.runner.forward = forward_once_slow
+    engine = slow_once(make_engine(), at=25, seconds=0.3)
     with engine.capture_slow(3, max_windows=2, ratio=10, min_excess_s=0.1) as cap:
         engine.generate([PROMPT_A, PROMPT_B], greedy(40))
     assert engine.phase_marks is NULL_MARKS

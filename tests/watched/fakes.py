@@ -130,7 +130,8 @@ def render_transfers(engines: dict[str, EngineMetrics], model: str, family) -> N
                                ("vllm:nixl_bytes_transferred", "bytes_transferred", BYTES_BUCKETS),
                                ("vllm:nixl_num_descriptors", "descriptors", DESCRIPTOR_BUCKETS)):
         if nixl:
-            family(name, "histogram", [r for e, n in nixl.items() for r in _hist_rows(name, lab[e], getattr(n, attr), bounds)])
+            family(name, "histogram",
+                   [r for e, n in nixl.items() for r in _hist_rows(name, lab[e], getattr(n, attr), bounds)])
     for name, attr in (("vllm:nixl_num_failed_transfers", "failed_transfers"),
                        ("vllm:nixl_num_failed_notifications", "failed_notifications"),
                        ("vllm:nixl_num_kv_expired_reqs", "kv_expired_reqs"),

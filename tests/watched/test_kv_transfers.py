@@ -19,7 +19,7 @@ from kvscope.runs.result.run import Run
 from kvscope.watched import kv_transfer as kvt
 from kvscope.watched.events import EventBatch, parse_event
 from kvscope.watched.limits import MAX_COUNTERS, MAX_HISTOGRAMS
-from kvscope.watched.metrics import COUNTERS, parse
+from kvscope.watched.samples import COUNTERS, parse
 from kvscope.watched.source import WatchSource
 from kvscope.watched.summary import engine_tracks, watch_summary
 from kvscope.watched.transfer_summary import TRANSFER_KEYS

@@ -26,7 +26,7 @@ import kvscope
 from kvscope.runs.background.status import Outputs
 from kvscope.runs.background.watch import WatchRun
 from kvscope.watched import kv_transfer as kvt
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 from kvscope.watched.vllm_demo import PREPARE, REPO, TINY_LLAMA, nixl_config, pd_complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -114,7 +114,8 @@ def test_one_transfer_per_request_moving_the_prompts_kv(story: PDStory):
     assert d["kv_transfers"] == len(PROMPT_LENS) == page[kvt.NIXL_XFER_TIME].count  # pull mode: the consumer's
     assert p["kv_transfers"] == 0 and d["kv_transfer_failures"] == 0
     # every block of each prompt (the last one partly filled), as the producer computed it
-    assert d["kv_transfer_bytes"] == sum(math.ceil(n / BS) for n in PROMPT_LENS) * BLOCK_BYTES == page[kvt.NIXL_BYTES].sum
+    prompt_bytes = sum(math.ceil(n / BS) for n in PROMPT_LENS) * BLOCK_BYTES
+    assert d["kv_transfer_bytes"] == prompt_bytes == page[kvt.NIXL_BYTES].sum
     assert d["kv_transfer_mb_per_s"] == pytest.approx(d["kv_transfer_bytes"] / 1e6 / page[kvt.NIXL_XFER_TIME].sum)
     assert 0 < d["kv_transfer_time_p50_s_estimate"] <= d["kv_transfer_time_p99_s_estimate"] <= 5.0
     assert story.summary["kv_transfers"] == len(PROMPT_LENS)

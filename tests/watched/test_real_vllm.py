@@ -24,7 +24,7 @@ from real_vllm_util import prompt, serve
 
 import kvscope
 from kvscope.runs.background.status import RunStatus
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

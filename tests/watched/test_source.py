@@ -7,7 +7,7 @@ import pytest
 from fakes import EngineMetrics, render, stored
 
 from kvscope.watched.events import EventBatch, parse_event
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 from kvscope.watched.source import LANE_COLUMNS, WatchSource
 
 URL = "http://127.0.0.1:9/metrics"
@@ -72,7 +72,8 @@ def test_lost_and_back():
     assert records == []  # nothing known: no record rather than zeros
     lane = src.watch["lanes"]["127.0.0.1:9/0"]
     assert lane["connected"][-1] is False and lane["running"][-1] is None
-    assert src.watch["engines"]["127.0.0.1:9/0"]["state"] == "connection lost" and src.lost == [["127.0.0.1:9", 5, None]]
+    assert src.watch["engines"]["127.0.0.1:9/0"]["state"] == "connection lost"
+    assert src.lost == [["127.0.0.1:9", 5, None]]
     feed(src, engines, 9)
     assert src.lost == [["127.0.0.1:9", 5, 9]] and src.watch["engines"]["127.0.0.1:9/0"]["state"] == "ok"
 

@@ -9,7 +9,7 @@ import pytest
 from fakes import EngineMetrics, render, stored
 
 from kvscope.watched.events import EventBatch, parse_event
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 from kvscope.watched.source import WatchSource
 from kvscope.watched.summary import (
     ESTIMATED,

@@ -122,7 +122,8 @@ def test_align_by_time_switches_series_and_slider(page, comparison, page_path):
     page.get_by_text("align by time").click()
     page.wait_for_timeout(300)
     for i in range(len(comparison.runs)):
-        assert page.evaluate(DATA_JS, [f"compare-series-{i}", "x"]) == page.evaluate(DATA_JS, [f"compare-series-{i}", "t"])
+        series = f"compare-series-{i}"
+        assert page.evaluate(DATA_JS, [series, "x"]) == page.evaluate(DATA_JS, [series, "t"])
     t_max = max(max(page.evaluate(DATA_JS, [f"compare-series-{i}", "t"])) for i in range(len(comparison.runs)))
     assert page.evaluate(MODEL_JS, ["compare-x-range", "end"]) == pytest.approx(t_max)
     assert page.evaluate(MODEL_JS, ["compare-slider", "title"]) == "replay time (s)"

@@ -195,7 +195,8 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page, artifacts):
     # Stop works while the kernel is idle: the button's click reaches the kernel, the run ends.
     page.get_by_role("button", name="Stop").click()
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')].some(e => e.innerText.includes('stopped'))",
+        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')]"
+        ".some(e => e.innerText.includes('stopped'))",
         timeout=30_000)
     page.screenshot(path=str(artifacts / "jupyterlab_stopped.png"), full_page=True)
     blocked = [u for u in page.kvscope_log["blocked"] if "127.0.0.1" not in u]
@@ -218,7 +219,8 @@ def _dashboard_shows(page, what: str) -> None:
                            timeout=60_000)
     page.wait_for_function(f"() => ({KPI_TEXT_JS})().includes('output tokens/s')", timeout=30_000)
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')].some(e => e.innerText.includes('running'))",
+        "() => [...document.querySelectorAll('.kvscope-dashboard .widget-html')]"
+        ".some(e => e.innerText.includes('running'))",
         timeout=60_000)
     assert page.get_by_text("javascript error").count() == 0, what
 

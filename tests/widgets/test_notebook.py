@@ -94,7 +94,8 @@ def test_saved_notebook_holds_the_finished_dashboard(tmp_path, monkeypatch):
     printed = "".join(o.get("text", "") for o in saved.cells[2].outputs)
     assert printed.startswith("finished") and printed.split()[-1] == str(NUM_REQUESTS)
 
-    widget_outputs = [o for o in saved.cells[1].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    widget = "application/vnd.jupyter.widget-view+json"
+    widget_outputs = [o for o in saved.cells[1].outputs if widget in o.get("data", {})]
     assert len(widget_outputs) == 1  # the dashboard was displayed once
     docs = _bokeh_docs(saved)
     assert len(docs) == len([s for s in PANELS if s.when is None])  # one BokehModel per panel (not P/D: no "pd")

@@ -13,7 +13,8 @@ from kvscope.telemetry import frames as metrics
 from kvscope.telemetry.records import FREE_PAGE, PageEntry
 from kvscope.widgets.feed import Feed, Tick
 from kvscope.widgets.panels import apply_tick, build_panels
-from kvscope.widgets.panels.page_map import PageMapPanel, merge_entries
+from kvscope.widgets.panels.page_cells import merge_entries
+from kvscope.widgets.panels.page_map import PageMapPanel
 from kvscope.widgets.panels.timeline import QUEUE_STATES, STATES, TimelinePanel
 from kvscope.widgets.stats import LatencyStats
 

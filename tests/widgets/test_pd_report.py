@@ -55,8 +55,9 @@ def test_the_report_has_each_requests_lane_on_its_instances(run):
                                                 data["right"]):
         assert left <= right
         r = requests[rid]
+        other = f"{r['prefill']} -> {r['decode']}" if state == "transfer" else instance
         expected = {"queue": r["prefill"], "prefill": r["prefill"], "decode queue": r["decode"],
-                    "decode": r["decode"]}.get(state, f"{r['prefill']} -> {r['decode']}" if state == "transfer" else instance)
+                    "decode": r["decode"]}.get(state, other)
         assert instance == expected
     transfer_rows = [i for i, s in enumerate(data["state"]) if s == "transfer"]
     assert len(transfer_rows) == 6 and all(data["blocks"][i] > 0 and data["bytes"][i] > 0 for i in transfer_rows)

@@ -19,7 +19,7 @@ from kvscope.runs.workload.items import synthetic_workload
 from kvscope.widgets.feed import Feed
 from kvscope.widgets.panels.latency import OVERFLOW_COLOR, histogram, overflow_cap
 from kvscope.widgets.panels.memory import MemoryPanel
-from kvscope.widgets.panels.page_map import STATE_LEGEND
+from kvscope.widgets.panels.page_cells import STATE_LEGEND
 from kvscope.widgets.panels.registry import apply_tick, build_panels
 from kvscope.widgets.report import build_report
 from kvscope.widgets.stats import LatencyStats

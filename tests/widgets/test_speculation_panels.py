@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kvscope.telemetry.records import KVState, PageEntry, SpecDecodeStats, StepRecord
 from kvscope.widgets.feed import Tick
-from kvscope.widgets.panels.page_map import DRAFT_MARK_COLORS, PageMapPanel
+from kvscope.widgets.panels.page_cells import DRAFT_MARK_COLORS
+from kvscope.widgets.panels.page_map import PageMapPanel
 from kvscope.widgets.panels.speculation import DraftPageMapPanel, SpeculationPanel
 
 

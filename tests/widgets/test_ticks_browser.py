@@ -15,8 +15,9 @@ from widget_util import COUNT_VIEWS_JS
 
 from kvscope.runs.result.comparison import compare
 from kvscope.runs.result.run import Run
+from kvscope.telemetry.inputs import BatchSummary, SchedulerStats, StepTimings
 from kvscope.telemetry.recorder import Recorder
-from kvscope.telemetry.records import BatchSummary, ScheduledItem, SchedulerStats, StepTimings
+from kvscope.telemetry.records import ScheduledItem
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ from fakes import EngineMetrics, removed, render, stored
 
 from kvscope.runs.result.run import Run
 from kvscope.watched.events import EventBatch, parse_event
-from kvscope.watched.metrics import parse
+from kvscope.watched.samples import parse
 from kvscope.watched.source import WatchSource
 from kvscope.widgets.feed import Tick
 from kvscope.widgets.panels.base import PanelContext

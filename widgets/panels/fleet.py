@@ -12,26 +12,22 @@ import html
 import math
 
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, Div, Range1d
+from bokeh.models import ColumnDataSource, Range1d
 
 from ..feed import Tick
 from ..theme import (
-    FULL_WIDTH,
     LEGEND_PAD,
     LEGEND_ROW_HEIGHT,
-    OWNER_PALETTE,
     SHARE,
     add_hover,
     empty_source,
     new_figure,
-    stream_rows,
     style_legend,
     tick_formatter,
 )
-from .base import Panel, PanelContext
+from .engine_lanes import EngineLanesPanel
 
 LEGEND_COLUMNS = 3
-MAX_LINES = 16  # engines drawn one by one; more are in the fleet line and the table
 _COLUMNS = ("t", "kv_usage", "tokens_per_s", "generation_per_s", "running", "waiting")
 
 
@@ -89,19 +85,17 @@ def table_html(watch: dict) -> str:
             f"{header}{''.join(rows)}</table>")
 
 
-class FleetPanel(Panel):
+class FleetPanel(EngineLanesPanel):
     """KV cache usage and tokens/s per engine and for the fleet, over time, and a table of engines."""
 
     name = "fleet"
     title = "Engines (one lane each) and the fleet"
-
-    @classmethod
-    def create(cls, context: PanelContext) -> FleetPanel:
-        return cls(context.meta, context.rollover)
+    columns = _COLUMNS
+    lane_rows = staticmethod(lane_rows)
+    table_html = staticmethod(table_html)
 
     def __init__(self, meta: dict, rollover: int | None) -> None:
-        self.meta = meta
-        self.rollover = rollover
+        super().__init__(meta, rollover)
         self.kv = new_figure("KV cache usage (vllm:kv_cache_usage_perc)", x_axis_label="time (s)",
                              y_range=Range1d(0, 1.05))
         self.kv.yaxis[0].formatter = tick_formatter(SHARE)
@@ -113,36 +107,21 @@ class FleetPanel(Panel):
         for fig, field in ((self.kv, "kv_usage"), (self.tokens, "tokens_per_s")):
             add_hover(fig, [("t", "@t{0.0} s"), ("value", f"@{field}{{0.00}}")], mode="vline")
             style_legend(fig, ncols=LEGEND_COLUMNS)  # below the plot, as every panel's
-        self.sources: dict[str, ColumnDataSource] = {}
-        self.seen: dict[str, int] = {}
-        self.table = Div(text="", width=FULL_WIDTH)
         self.model = column(row(self.kv, self.tokens), self.table)
-        self._shown = -1
 
-    def _source(self, key: str) -> ColumnDataSource | None:
-        source = self.sources.get(key)
-        if source is None and len(self.sources) < MAX_LINES:
-            source = self.sources[key] = empty_source(*_COLUMNS)
-            colour = OWNER_PALETTE[(len(self.sources) - 1) % len(OWNER_PALETTE)]
-            self.kv.line("t", "kv_usage", source=source, color=colour, width=1.5, legend_label=key)
-            self.tokens.line("t", "tokens_per_s", source=source, color=colour, width=1.5, legend_label=key)
-            rows = math.ceil((len(self.sources) + 1) / LEGEND_COLUMNS)  # the legend grows below: so does the figure
-            for fig in (self.kv, self.tokens):
-                fig.height = self._plot_height + rows * LEGEND_ROW_HEIGHT + LEGEND_PAD
-        return source
+    def draw(self, key: str, source: ColumnDataSource, colour: str) -> None:
+        self.kv.line("t", "kv_usage", source=source, color=colour, width=1.5, legend_label=key)
+        self.tokens.line("t", "tokens_per_s", source=source, color=colour, width=1.5, legend_label=key)
+        rows = math.ceil((len(self.sources) + 1) / LEGEND_COLUMNS)  # the legend grows below: so does the figure
+        for fig in (self.kv, self.tokens):
+            fig.height = self._plot_height + rows * LEGEND_ROW_HEIGHT + LEGEND_PAD
+
+    def source_of(self, key: str) -> ColumnDataSource | None:
+        return self.fleet if key == "fleet" else super().source_of(key)
 
     def update(self, tick: Tick) -> None:
         watch = self.meta.get("watch")
         if not isinstance(watch, dict):
             return
-        t0, step = watch.get("t0_ns", 0), watch.get("interval_s", 0.5)
-        for key, lane in [*list(watch.get("lanes", {}).items()), ("fleet", watch.get("fleet", {}))]:
-            rows, n = lane_rows(lane, self.seen.get(key, 0), t0, step)
-            self.seen[key] = n
-            source = self.fleet if key == "fleet" else self._source(key)
-            if source is not None:
-                stream_rows(source, rows, self.rollover)
-        grown = sum(self.seen.values())
-        if grown != self._shown or tick.final:  # the table changes with each poll, not each tick
-            self._shown = grown
-            self.table.text = table_html(watch)
+        self.stream(watch, [*list(watch.get("lanes", {}).items()), ("fleet", watch.get("fleet", {}))])
+        self.show_table(watch, tick.final)

@@ -14,15 +14,14 @@ import html
 import math
 
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, Div
+from bokeh.models import ColumnDataSource
 
 from kvscope.watched.summary import watch_summary
 
 from ..feed import Tick
-from ..theme import FULL_WIDTH, OWNER_PALETTE, add_hover, empty_source, new_figure, stream_rows, style_legend
-from .base import Panel, PanelContext
+from ..theme import FULL_WIDTH, add_hover, new_figure, style_legend
+from .engine_lanes import EngineLanesPanel
 
-MAX_LINES = 16  # engines drawn one by one (the table has them all)
 _COLUMNS = ("t", "transfer_mb_per_s", "offload_mb_per_s")
 HEAD = ("engine", "role", "transfers", "MB moved", "time p50 / p99 (est.)", "MB/s", "failures", "expired",
         "offload GPU→CPU / CPU→GPU MB", "KV fetch waiting / in progress / done", "cached blocks by medium")
@@ -95,55 +94,34 @@ def has_transfers(watch: dict) -> bool:
                if isinstance(r, dict))
 
 
-class KvTransferPanel(Panel):
+class KvTransferPanel(EngineLanesPanel):
     """MB/s moved per engine over time (NIXL solid, offloading dashed) and the engines' KV-transfer table."""
 
     name = "kv_transfer"
     title = "KV transfers (vLLM's KV connectors) per engine"
-
-    @classmethod
-    def create(cls, context: PanelContext) -> KvTransferPanel:
-        return cls(context.meta, context.rollover)
+    columns = _COLUMNS
+    lane_rows = staticmethod(lane_rows)
+    table_html = staticmethod(table_html)
 
     def __init__(self, meta: dict, rollover: int | None) -> None:
-        self.meta = meta
-        self.rollover = rollover
+        super().__init__(meta, rollover)
         self.fig = new_figure("KV moved (MB/s): NIXL transfers solid, offloading dashed", width=FULL_WIDTH,
                               x_axis_label="time (s)")
         add_hover(self.fig, [("t", "@t{0.0} s"), ("NIXL", "@transfer_mb_per_s{0.00} MB/s"),
                              ("offload", "@offload_mb_per_s{0.00} MB/s")], mode="vline")
-        self.sources: dict[str, ColumnDataSource] = {}
-        self.seen: dict[str, int] = {}
-        self.table = Div(text="", width=FULL_WIDTH)
         self.model = column(self.fig, self.table)
         self.model.visible = False
-        self._shown = -1
 
-    def _source(self, key: str) -> ColumnDataSource | None:
-        source = self.sources.get(key)
-        if source is None and len(self.sources) < MAX_LINES:
-            source = self.sources[key] = empty_source(*_COLUMNS)
-            colour = OWNER_PALETTE[(len(self.sources) - 1) % len(OWNER_PALETTE)]
-            self.fig.line("t", "transfer_mb_per_s", source=source, color=colour, width=1.5, legend_label=key)
-            self.fig.line("t", "offload_mb_per_s", source=source, color=colour, width=1.5, line_dash="dashed")
-            style_legend(self.fig)
-        return source
+    def draw(self, key: str, source: ColumnDataSource, colour: str) -> None:
+        self.fig.line("t", "transfer_mb_per_s", source=source, color=colour, width=1.5, legend_label=key)
+        self.fig.line("t", "offload_mb_per_s", source=source, color=colour, width=1.5, line_dash="dashed")
+        style_legend(self.fig)
 
     def update(self, tick: Tick) -> None:
         watch = self.meta.get("watch")
         if not isinstance(watch, dict) or not has_transfers(watch):
             return
         self.model.visible = True
-        t0, step = watch.get("t0_ns", 0), watch.get("interval_s", 0.5)
-        for key, lane in list(watch.get("lanes", {}).items()):
-            if key not in watch.get("kv_transfer", {}):
-                continue
-            rows, n = lane_rows(lane, self.seen.get(key, 0), t0, step)
-            self.seen[key] = n
-            source = self._source(key)
-            if source is not None:
-                stream_rows(source, rows, self.rollover)
-        grown = sum(self.seen.values())
-        if grown != self._shown or tick.final:
-            self._shown = grown
-            self.table.text = table_html(watch)
+        transfers = watch.get("kv_transfer", {})
+        self.stream(watch, [(key, lane) for key, lane in list(watch.get("lanes", {}).items()) if key in transfers])
+        self.show_table(watch, tick.final)

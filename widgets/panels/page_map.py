@@ -1,27 +1,20 @@
-"""The KV page map: every block of the pool as a cell of a grid.
+"""The KV page map: every block of the pool as a cell of a grid (a cell's look: ``page_cells.py``).
 
 Pools of more than ``MAX_CELLS`` blocks (a GPU's pool can hold hundreds of thousands) are drawn with
-one cell per run of ``group`` consecutive blocks, so the browser stays responsive: the cell takes the
-most-held state of its blocks (shared > used > cached > free), the owner of its first block in that
-state, and the tokens of all of them; its hover names the block range.
+one cell per run of ``group`` consecutive blocks, so the browser stays responsive (``merge_entries``);
+the hover names the block range. The grid is sent once, when the first record tells the pool size;
+after that only the cells that changed go out, with ``ColumnDataSource.patch``.
 
-Colour = the request that owns the block (``PageEntry.owner``), opacity = how full it is; shared
-blocks are outlined, cached-free blocks (no holder, still findable by the prefix cache) grey, free
-blocks light. The grid is sent once, when the first record tells the pool size; after that only the
-cells that changed go out, with ``ColumnDataSource.patch``.
-
-KV cache groups (a sliding-window or hybrid model, ``kvscope.engine.core.kv_groups``): the title names the groups
-from the run metadata (``kv_groups_label``): how many, their layers and windows, and why a window is not
-freed when the model fell back to one group. Blocks that left a window show as cached (or free) while
+KV cache groups (a sliding-window or hybrid model, ``kvscope.engine.core.kv_groups``): the title names the
+groups from the run metadata (``kv_groups_label``): how many, their layers and windows, and why a window is
+not freed when the model fell back to one group. Blocks that left a window show as cached (or free) while
 their request runs on.
-
-``cell_style`` is the single definition of a cell's look; ``report.py`` mirrors it in the JavaScript
-of the step slider (``CELL_STYLE_JS``), so replayed steps look the same as live ones.
 
 With speculative decoding, a small triangle marks each block that held draft slots in the step
 (``SpecDecodeStats.draft_slots``): green when the target accepted all of them, orange when it rejected
-some, red when the block held nothing but rejected drafts and went back to the pool (``freed_blocks``). ``pool_of`` / ``map_of`` say which pool a panel draws
-(``speculation.DraftPageMapPanel`` draws the draft model's).
+some, red when the block held nothing but rejected drafts and went back to the pool (``freed_blocks``).
+``pool_of`` / ``map_of`` say which pool a panel draws (``speculation.DraftPageMapPanel`` draws the draft
+model's).
 """
 
 from __future__ import annotations
@@ -34,70 +27,13 @@ from bokeh.models import Range1d
 from kvscope.telemetry.records import FREE_PAGE, PageEntry, StepRecord
 
 from ..feed import Tick
-from ..theme import (
-    CACHED_COLOR,
-    FREE_COLOR,
-    HALF_WIDTH,
-    HEIGHT,
-    OWNER_PALETTE,
-    OwnerColors,
-    add_hover,
-    columns,
-    empty_source,
-    new_figure,
-    style_legend,
-)
+from ..theme import HALF_WIDTH, HEIGHT, OwnerColors, add_hover, columns, empty_source, new_figure, style_legend
 from .base import Panel, PanelContext
+from .page_cells import DRAFT_MARK_COLORS, STATE_LEGEND, cell_style, grid_shape, merge_entries
 
 COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
 PATCHED = ("owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
-MIN_ALPHA = 0.3
 MAX_CELLS = 8192
-STATE_RANK = {"free": 0, "cached": 1, "used": 2, "shared": 3}
-SHARED_OUTLINE = "#111111"  # a block held by more than one request (a shared prefix)
-NO_OUTLINE = "rgba(0,0,0,0)"
-DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: block returned, some rejected, all accepted
-# The legend under the map: (label, fill, outline) of one swatch per look of a cell (``cell_style``).
-STATE_LEGEND = (
-    ("free", FREE_COLOR, "#cccccc"),
-    ("cached: no holder, kept for the prefix cache", CACHED_COLOR, NO_OUTLINE),
-    ("used: colour = request, shade = how full", OWNER_PALETTE[0], NO_OUTLINE),
-    ("shared by requests (outlined)", OWNER_PALETTE[0], SHARED_OUTLINE),
-)
-
-
-def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:
-    """(fill colour, fill alpha, outline colour) of one block. (No hatch patterns: BokehJS builds a
-    canvas per patterned cell on every repaint, which made the browser the live view's bottleneck.)"""
-    if entry.state == "free" or (not entry.owner and entry.state != "cached"):
-        return FREE_COLOR, 1.0, NO_OUTLINE
-    if entry.state == "cached":
-        return CACHED_COLOR, 0.8, NO_OUTLINE
-    fill = min(entry.filled / block_size, 1.0) if block_size else 1.0
-    return colors(entry.owner), MIN_ALPHA + (1 - MIN_ALPHA) * fill, SHARED_OUTLINE if entry.state == "shared" else NO_OUTLINE
-
-
-CELL_STYLE_JS = f"""
-function cell_style(owner_color, filled, state, block_size) {{
-  if (state == "free" || (owner_color == null && state != "cached")) return ["{FREE_COLOR}", 1.0, "{NO_OUTLINE}"];
-  if (state == "cached") return ["{CACHED_COLOR}", 0.8, "{NO_OUTLINE}"];
-  const fill = block_size ? Math.min(filled / block_size, 1.0) : 1.0;
-  return [owner_color, {MIN_ALPHA} + {1 - MIN_ALPHA} * fill, state == "shared" ? "{SHARED_OUTLINE}" : "{NO_OUTLINE}"];
-}}
-"""
-
-
-def merge_entries(entries: Sequence[PageEntry]) -> PageEntry:
-    """One cell's entry for a run of blocks (see the module docstring)."""
-    top = max(entries, key=lambda e: STATE_RANK.get(e.state, 0))  # the first block of the top state
-    return PageEntry(top.owner, sum(e.filled for e in entries), top.state, max(e.refs for e in entries),
-                     top.kv_group)
-
-
-def grid_shape(num_blocks: int, aspect: float) -> tuple[int, int]:
-    """(columns, rows) of a grid for ``num_blocks`` cells whose width/height is about ``aspect``."""
-    cols = max(1, math.ceil(math.sqrt(num_blocks * aspect)))
-    return cols, math.ceil(num_blocks / cols)
 
 
 def kv_groups_label(meta: dict) -> str | None:

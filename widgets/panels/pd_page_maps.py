@@ -119,7 +119,8 @@ class PDPageMapsPanel(Panel):
         entries = [FREE_PAGE] * panel.num_blocks
         for block, owner, filled, state in data.get("blocks", ()):
             if 0 <= block < len(entries):
-                entries[block] = PageEntry(owner, filled, state, 1 if state == "used" else 2 if state == "shared" else 0)
+                refs = 1 if state == "used" else 2 if state == "shared" else 0
+                entries[block] = PageEntry(owner, filled, state, refs)
         cells = {c: v for c, v in panel.cells_of(entries).items() if c in PATCHED}  # positions stay
         flying = [b for b in data.get("in_flight", ()) if 0 <= b < len(entries)]
         xy = [panel.xy_of(b) for b in flying]

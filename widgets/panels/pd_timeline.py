@@ -10,24 +10,15 @@ instance's own timeline (its queue segments coloured by reason), else the timeli
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import CDSView, GroupFilter, LayoutDOM
+from bokeh.models import LayoutDOM
 from bokeh.plotting import figure
 
 from kvscope.telemetry.pd_lanes import LANE_STATES, request_segments
 
-from ..theme import (
-    AMOUNT,
-    COUNT,
-    FULL_WIDTH,
-    add_hover,
-    columns,
-    empty_source,
-    format_axis,
-    new_figure,
-    style_legend,
-)
+from ..theme import FULL_WIDTH, columns, empty_source
 from .base import Panel
 from .report_parts import ReportContext
+from .timeline import lanes_figure
 
 LANE_COLORS = dict(zip(LANE_STATES, ("#c7c7c7", "#ff7f0e", "#dbdb8d", "#9467bd", "#aec7e8", "#1f77b4")))
 COLUMNS = ("lane", "left", "right", "state", "request", "instance", "label", "blocks", "bytes")
@@ -39,24 +30,18 @@ def pd_lanes_figure(meta: dict, t0_ns: int) -> figure | None:
     lanes = request_segments(pd) if isinstance(pd, dict) else []
     rows = [{"lane": lane, "left": (s.start_ns - t0_ns) / 1e9, "right": (s.end_ns - t0_ns) / 1e9, "state": s.state,
              "request": s.request_id, "instance": s.instance, "label": s.label,
-             "blocks": -1 if s.num_blocks is None else s.num_blocks, "bytes": -1 if s.num_bytes is None else s.num_bytes}
+             "blocks": -1 if s.num_blocks is None else s.num_blocks,
+             "bytes": -1 if s.num_bytes is None else s.num_bytes}
             for lane, segments in enumerate(lanes) for s in segments]
     if not rows:
         return None
     source = empty_source(*COLUMNS)
     source.data = columns(rows)
-    height = min(700, 140 + 14 * len(lanes))
-    fig = new_figure(f"P/D requests ({pd.get('layout')}): one lane per request, on the instance where each part ran",
-                     width=FULL_WIDTH, height=height, x_axis_label="seconds since start", y_axis_label="request")
-    fig.y_range.flipped = True
-    format_axis(fig.xaxis[0], AMOUNT)
-    format_axis(fig.yaxis[0], COUNT)
-    bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=source,
-                     view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=state)
-            for state, color in LANE_COLORS.items()]
-    add_hover(fig, [("request", "@request"), ("", "@label"), ("from", "@left{0.0000} s"), ("to", "@right{0.0000} s")],
-              renderers=bars)
-    style_legend(fig, ncols=len(LANE_COLORS))
+    title = f"P/D requests ({pd.get('layout')}): one lane per request, on the instance where each part ran"
+    fig = lanes_figure(title, source, {state: (state, color) for state, color in LANE_COLORS.items()},
+                       [("request", "@request"), ("", "@label"), ("from", "@left{0.0000} s"),
+                        ("to", "@right{0.0000} s")],
+                       width=FULL_WIDTH, height=min(700, 140 + 14 * len(lanes)), ncols=len(LANE_COLORS))
     fig.name = "pd-request-lanes"
     return fig
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Sequence
 
 from bokeh.layouts import column
 from bokeh.models import Div, FactorRange, LayoutDOM
+from bokeh.plotting import figure
 
 from kvscope.explain.prefix import MISS_CAUSES, prefix_misses
 from kvscope.explain.report import row_dicts, top_divergences, totals
@@ -57,22 +59,25 @@ class PrefixMissesPanel(Panel):
         self.build()
 
     def build(self) -> None:
-        self.source = empty_source("kind", "tokens", "requests", "share", "color")
-        fig = new_figure(
-            self.title,
-            width=FULL_WIDTH,
-            height=230,
-            y_range=FactorRange(*reversed(KINDS)),
-            x_axis_label="prompt tokens (first lookups)",
-        )
-        fig.hbar(y="kind", right="tokens", height=0.7, source=self.source, color="color")
-        format_axis(fig.xaxis[0], COUNT)
-        add_hover(
-            fig, [("tokens", "@tokens"), ("requests", "@requests"), ("share of prompt tokens", "@share{0%}")]
-        )
+        self.build_bars("kind", KINDS, "tokens", ("kind", "tokens", "requests", "share", "color"), height=230,
+                        x_axis_label="prompt tokens (first lookups)", axis=COUNT,
+                        tooltips=[("tokens", "@tokens"), ("requests", "@requests"),
+                                  ("share of prompt tokens", "@share{0%}")])
+
+    def build_bars(self, y: str, factors: Sequence[str], x: str, source_columns: Sequence[str], *, height: int,
+                   x_axis_label: str, axis: str, tooltips: list[tuple[str, str]]) -> figure:
+        """The panel's figure: one horizontal bar per factor of ``y`` (top to bottom), ``x`` long, coloured by
+        the source's ``color``, under a line of text (``div``); hidden until something is drawn."""
+        self.source = empty_source(*source_columns)
+        fig = new_figure(self.title, width=FULL_WIDTH, height=height, y_range=FactorRange(*reversed(factors)),
+                         x_axis_label=x_axis_label)
+        fig.hbar(y=y, right=x, height=0.7, source=self.source, color="color")
+        format_axis(fig.xaxis[0], axis)
+        add_hover(fig, tooltips)
         self.figure = fig
         self.div = Div(text="", width=FULL_WIDTH)
         self.model = column(self.div, fig, visible=False)
+        return fig
 
     def update(self, tick: Tick) -> None:
         self.records.extend(tick.steps)
@@ -136,8 +141,13 @@ class PrefixMissesPanel(Panel):
             facts.append(
                 ("most requests diverge at token", f"{d['diverged_at']} ({d['num_requests']} requests)")
             )
-        items = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
-        return f"<div style='font-family:sans-serif;font-size:13px'><b>Prefix cache</b> — {items}</div>"
+        return facts_html("Prefix cache", facts)
+
+
+def facts_html(title: str, facts: list[tuple[str, str]]) -> str:
+    """The line above a bar panel: its title, then each fact's name in bold and its value."""
+    items = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
+    return f"<div style='font-family:sans-serif;font-size:13px'><b>{html.escape(title)}</b> — {items}</div>"
 
 
 def if_drawn(panel: Panel, context: ReportContext) -> LayoutDOM | None:

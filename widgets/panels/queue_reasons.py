@@ -9,16 +9,11 @@ and at the end); hidden while no step has recorded a reason and nobody was preem
 
 from __future__ import annotations
 
-import html
-
-from bokeh.layouts import column
-from bokeh.models import Div, FactorRange
-
 from kvscope.explain.waits import queue_times, queue_totals
 
 from ..feed import Tick
-from ..theme import AMOUNT, FULL_WIDTH, add_hover, empty_source, format_axis, new_figure
-from .prefix_misses import PrefixMissesPanel
+from ..theme import AMOUNT
+from .prefix_misses import PrefixMissesPanel, facts_html
 from .wait_styles import QUEUE_COLORS, REASONS
 
 COLORS = QUEUE_COLORS  # the timeline colours its queue segments alike
@@ -29,24 +24,11 @@ class QueueReasonsPanel(PrefixMissesPanel):
     title = "Why requests waited"
 
     def build(self) -> None:
-        self.source = empty_source("reason", "seconds", "share", "color")
-        fig = new_figure(
-            self.title,
-            width=FULL_WIDTH,
-            height=210,
-            y_range=FactorRange(*reversed(REASONS)),
-            x_axis_label="seconds in the waiting queue (all requests)",
-        )
-        fig.hbar(y="reason", right="seconds", height=0.7, source=self.source, color="color")
-        format_axis(fig.xaxis[0], AMOUNT)
-        add_hover(
-            fig,
-            [("reason", "@reason"), ("seconds", "@seconds{0.000}"), ("share of queue time", "@share{0%}")],
-        )
+        fig = self.build_bars("reason", REASONS, "seconds", ("reason", "seconds", "share", "color"), height=210,
+                              x_axis_label="seconds in the waiting queue (all requests)", axis=AMOUNT,
+                              tooltips=[("reason", "@reason"), ("seconds", "@seconds{0.000}"),
+                                        ("share of queue time", "@share{0%}")])
         fig.name = "queue-reasons"
-        self.figure = fig
-        self.div = Div(text="", width=FULL_WIDTH)
-        self.model = column(self.div, fig, visible=False)
 
     def changed(self, tick: Tick) -> bool:
         return any(e.kind in ("scheduled", "resumed") for e in tick.events)
@@ -70,6 +52,5 @@ class QueueReasonsPanel(PrefixMissesPanel):
             ("preemptions", f"{totals['num_preemptions']:,d}"),
             ("tokens recomputed", f"{totals['num_recomputed_tokens']:,d}"),
         ]
-        items = " · ".join(f"<b>{html.escape(k)}</b> {html.escape(v)}" for k, v in facts)
-        self.div.text = f"<div style='font-family:sans-serif;font-size:13px'><b>Waiting</b> — {items}</div>"
+        self.div.text = facts_html("Waiting", facts)
         self.model.visible = True

@@ -5,7 +5,7 @@ The history goes into the page as flat arrays: for each recorded step its page-m
 snapshot now and then, diffs in between; see ``kvscope/telemetry/pagemap.py``), one array per field
 with per-step offsets. ``REPLAY_JS`` rebuilds the map at a step from the last snapshot at or before it
 plus the diffs after, and styles cells with the same rules as the live panel
-(``page_map.CELL_STYLE_JS``). The comparison page (``widgets/compare.py``) reuses both.
+(``page_cells.CELL_STYLE_JS``). The comparison page (``widgets/compare.py``) reuses both.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from bokeh.models import CustomJS, Div, LayoutDOM, Slider
 
 from kvscope.telemetry.records import PAGE_STATES, PageEntry, StepRecord
 
-from .page_map import CELL_STYLE_JS, DRAFT_MARK_COLORS, STATE_RANK, PageMapPanel
+from .page_cells import CELL_STYLE_JS, DRAFT_MARK_COLORS, STATE_RANK
+from .page_map import PageMapPanel
 from .report_parts import RecordedRun, ReportContext
 
 
@@ -85,7 +86,7 @@ for (let b = 0; b < n; b++) {
   const s = h.states[state[b]];
   if (s == "used" || s == "shared") used++; else if (s == "cached") cached++;
 }
-for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_map.merge_entries)
+for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_cells.merge_entries)
   let top = c * g, tokens = 0, holders = 0;
   for (let b = c * g; b < Math.min((c + 1) * g, n); b++) {
     if (h.rank[state[b]] > h.rank[state[top]]) top = b;
@@ -99,12 +100,14 @@ for (let c = 0; c < cells; c++) {  // a cell is a run of g blocks (panels.page_m
   cols.color.push(style[0]); cols.alpha.push(style[1]); cols.outline.push(style[2]);
 }
 source.data = Object.assign({}, d, cols);
-label.text = (typeof prefix === "undefined" ? "page map" : prefix) + " after step " + h.step[i] + ": " + used + " blocks used, " + cached + " cached";
+label.text = (typeof prefix === "undefined" ? "page map" : prefix) + " after step " + h.step[i] + ": "
+  + used + " blocks used, " + cached + " cached";
 """
 
 # The draft-slot triangles of the page map at the slider's step (speculative decoding).
 MARKS_JS = """
-const m = marks, i = m.step.indexOf(slider.value), cols = {x: [], y: [], block: [], drafted: [], accepted: [], color: []};
+const m = marks, i = m.step.indexOf(slider.value);
+const cols = {x: [], y: [], block: [], drafted: [], accepted: [], color: []};
 if (i >= 0) {
   for (let j = m.offset[i]; j < m.offset[i + 1]; j++) {
     const b = m.block[j], c = Math.floor(b / group), n = m.drafted[j], a = m.accepted[j];

@@ -45,7 +45,8 @@ def table_data(requests: pd.DataFrame, texts: dict[str, dict[str, str | None]]) 
         "request": ids, "prompt": prompts, "output": outputs,
         "prompt_tokens": col("num_prompt_tokens", 0), "output_tokens": col("num_output_tokens", 0),
         "cached_tokens": col("num_cached_tokens", 0), "ttft_ms": ms,
-        "preemptions": col("num_preemptions", 0), "finish": [str(v) if v == v else "" for v in col("finish_reason", "")],
+        "preemptions": col("num_preemptions", 0),
+        "finish": [str(v) if v == v else "" for v in col("finish_reason", "")],
     }
 
 

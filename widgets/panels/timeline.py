@@ -21,6 +21,7 @@ stretched to the newest step by ``patch`` each tick. Patch indices account for r
 from __future__ import annotations
 
 from bokeh.models import CDSView, ColumnDataSource, GroupFilter
+from bokeh.plotting import figure
 
 from kvscope.explain.waits import UNKNOWN
 from kvscope.telemetry.records import (
@@ -64,6 +65,23 @@ EVENT_STATES = {
 }
 
 
+def lanes_figure(title: str, source: ColumnDataSource, states: dict[str, tuple[str, str]],
+                 tooltips: list[tuple[str, str]], *, width: int, height: int, ncols: int) -> figure:
+    """A figure of request lanes over ``source`` (columns lane, left, right, state): one lane per request, top
+    to bottom, seconds along; one bar renderer per state of ``states`` (state -> (legend label, colour)), each a
+    ``GroupFilter`` on ``state``, so the legend names the states and a click on one hides its bars."""
+    fig = new_figure(title, width=width, height=height, x_axis_label="seconds since start", y_axis_label="request")
+    fig.y_range.flipped = True
+    format_axis(fig.xaxis[0], AMOUNT)  # seconds: 0.00005 apart in a tiny run, 5 in a long one
+    format_axis(fig.yaxis[0], COUNT)  # lanes
+    bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=source,
+                     view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=label)
+            for state, (label, color) in states.items()]
+    add_hover(fig, tooltips, renderers=bars)
+    style_legend(fig, ncols=ncols)
+    return fig
+
+
 class TimelinePanel(Panel):
     name = "timeline"
     title = "Requests"
@@ -78,18 +96,9 @@ class TimelinePanel(Panel):
         self.meta = meta if meta is not None else {}  # its "t0_ns", once known, is time zero
         self.source: ColumnDataSource = empty_source(*COLUMNS)
         self.source.name = "request-timeline-bars"  # names a test or a screenshot finds it by
-        fig = new_figure(self.title + " (one lane per request)", width=width, height=height,
-                         x_axis_label="seconds since start", y_axis_label="request")
-        fig.y_range.flipped = True
-        format_axis(fig.xaxis[0], AMOUNT)  # seconds: 0.00005 apart in a tiny run, 5 in a long one
-        format_axis(fig.yaxis[0], COUNT)  # lanes
-        bars = [fig.hbar(y="lane", left="left", right="right", height=0.8, color=color, source=self.source,
-                         view=CDSView(filter=GroupFilter(column_name="state", group=state)), legend_label=label)
-                for state, (label, color) in STATES.items()]
-        add_hover(fig, [("request", "@request"), ("state", "@state"),
-                        ("from", "@left{0.000} s"), ("to", "@right{0.000} s")],
-                  renderers=bars)
-        style_legend(fig, ncols=4)
+        fig = lanes_figure(self.title + " (one lane per request)", self.source, STATES,
+                           [("request", "@request"), ("state", "@state"), ("from", "@left{0.000} s"),
+                            ("to", "@right{0.000} s")], width=width, height=height, ncols=4)
         fig.name = "request-timeline"
         self.figure = fig
         self.model = fig

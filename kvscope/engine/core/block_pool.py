@@ -170,7 +170,8 @@ class BlockPool:
                     listener(BLOCK_RELEASED, block.block_id)
 
     # ---- prefix cache ----------------------------------------------------------------------------
-    def hash_blocks(self, token_ids: list[int], start: list[BlockHash], num_tokens: int | None = None) -> list[BlockHash]:
+    def hash_blocks(self, token_ids: list[int], start: list[BlockHash],
+                    num_tokens: int | None = None) -> list[BlockHash]:
         """Extend the chain ``start`` (hashes of the first full blocks) over all full blocks of ``token_ids``
         (of its first ``num_tokens``, if given: no copy of a long sequence to hash its new block)."""
         bs = self.block_size

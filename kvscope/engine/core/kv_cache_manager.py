@@ -9,6 +9,7 @@ group's table covers the same token positions. A sliding group drops the blocks 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvscope.engine.config import cdiv
@@ -28,7 +29,7 @@ class KVCacheBlocks:
     """A prefix-cache hit of ``num_blocks`` blocks in every group (vLLM's ``KVCacheBlocks``):
     ``blocks[g][i]`` is group ``g``'s block ``i``, or None where a sliding group does not need it."""
 
-    blocks: list[list[KVBlock | None]]
+    blocks: Sequence[Sequence[KVBlock | None]]
     num_blocks: int = 0
 
     def __len__(self) -> int:
@@ -205,7 +206,9 @@ class KVCacheManager:
             for table, group in zip(tables, hits.blocks):
                 table.extend(NULL_BLOCK if b is None else b.block_id for b in group)
             self._num_offered[request.request_id] = num_hits
-            self._parents[request.request_id] = [(g[-1], g[-1].epoch) for g in hits.blocks]
+            # the last block of a hit is never a null entry: only those a window skips before it are
+            self._parents[request.request_id] = [(b, b.epoch) if (b := g[-1]) is not None else None
+                                                 for g in hits.blocks]
         for g, (table, n) in enumerate(zip(tables, num_new_blocks)):
             if n > 0:
                 table.extend(b.block_id for b in self.pool.allocate(n, g))

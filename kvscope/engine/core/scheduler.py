@@ -12,9 +12,10 @@ There are no separate prefill and decode phases. Each step the scheduler hands o
    looks up its prompt in the prefix cache, then gets a chunk of what remains. A request that could
    never fit in the whole pool fails at once with a reason, so it cannot stall the queue.
 
-The result is a ``SchedulerOutput`` (``core/output.py``, with ``SchedulerUpdate``); the engine runs it and hands the sampled tokens back to
-``update_from_output`` (vLLM's name), which owns the step's second half: progress, new tokens, stop
-conditions, finishing. ``make_stats`` reads the counters telemetry records after each step.
+The result is a ``SchedulerOutput`` (``core/output.py``, with ``SchedulerUpdate``); the engine runs it and
+hands the sampled tokens back to ``update_from_output`` (vLLM's name), which owns the step's second half:
+progress, new tokens, stop conditions (``core/stop.py``), finishing. ``make_stats`` reads the counters
+telemetry records after each step.
 
 Speculative decoding: a decoding request with drafts (``request.spec_token_ids``, set by the engine's
 ``Speculator`` before scheduling) is scheduled its last sampled token plus the drafts that fit in the
@@ -37,13 +38,10 @@ from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.core.stats import scheduler_stats
+from kvscope.engine.core.stop import take_token, take_tokens
 from kvscope.engine.request import Request, RequestStatus
-from kvscope.telemetry.records import (
-    WAIT_MAX_NUM_SEQS,
-    WAIT_NO_FREE_BLOCKS,
-    WAIT_TOKEN_BUDGET,
-    SchedulerStats,
-)
+from kvscope.telemetry.inputs import SchedulerStats
+from kvscope.telemetry.records import WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCKS, WAIT_TOKEN_BUDGET
 
 
 class Scheduler:
@@ -70,60 +68,65 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        """The next step: the running requests' tokens, then admissions (none if anyone was preempted)."""
         self.kv.begin_step()
         out = SchedulerOutput()
         self._schedule_running(out)
-        reason = WAIT_NO_FREE_BLOCKS  # a running request needed blocks: nobody is admitted in this step
+        reason: str | None = WAIT_NO_FREE_BLOCKS  # a running request needed blocks: nobody is admitted now
         if not out.preempted:
             reason = self._schedule_waiting(out)
         self.wait_reason = reason if self.waiting else None
         return out
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
-        # The per-step loop over every running request (the engine's CPU cost per step): the lists and
-        # counters it touches are locals, the methods it calls are bound once, ``_add`` is inlined,
-        # ``len(all_token_ids)`` is ``num_tokens`` without the property call and ``min`` a conditional
-        # (with ``allocate_slots``'s inline decode: scheduling 1.6x faster). ``allocate_slots`` is not
-        # called at all where it would change nothing (``KVCacheManager.slots_ready``, written out).
-        running, max_tokens = self.running, self.config.max_num_batched_tokens
-        allocate_slots = self.kv.allocate_slots
-        add_request, add_num, add_decode = out.requests.append, out.num_tokens.append, out.is_decode.append
-        ready, bs, offered = self.kv.one_full_group, self.kv.block_size, self.kv.num_offered
+        """Give each running request, in admission order, its tokens of this step until the budget is spent:
+        one in decode (and the drafts that fit, if it has any), the rest of its prompt in prefill, cut to what
+        is left of the budget (a chunk). ``_make_room`` preempts where the pool cannot hold them.
+
+        The engine's CPU cost per step is this loop (once per running request): its one call per request is
+        ``slots_ready`` (``allocate_slots`` only where that says it would change something), and the requests
+        it schedules, the first ones of ``running``, are recorded all at once after it."""
+        running, max_tokens, slots_ready = self.running, self.config.max_num_batched_tokens, self.kv.slots_ready
         total = out.total_num_tokens
+        new_tokens: list[int] = []  # new_tokens[i]: the tokens of running[i] in this step
         for request in running:  # preemption pops from the end: the iterator then stops before the victims
-            if total >= max_tokens:
-                break
             budget = max_tokens - total
+            if budget <= 0:
+                break
             computed, num_tokens = request.num_computed_tokens, len(request.all_token_ids)
             num_new = num_tokens - computed
             if num_new > budget:
                 num_new = budget
             drafts = request.spec_token_ids
-            if drafts:  # a decode with drafts: verify those that fit in the budget
+            if drafts:  # a decode verifies the drafts that fit; either way they are the request's no more
                 request.spec_token_ids = []
                 drafts = drafts[: budget - 1] if computed == num_tokens - 1 else []
                 num_new += len(drafts)
-            end = computed + num_new
-            if not (ready and computed and end <= len(request.block_ids) * bs  # slots_ready, inlined
-                    and (end if end < num_tokens else num_tokens) // bs <= offered.get(request.request_id, 0)):
-                while not allocate_slots(request, num_new):
-                    if drafts:  # no room for the drafts: drop them rather than preempt anyone
-                        num_new -= len(drafts)
-                        drafts = []
-                        continue
-                    victim = running.pop()  # the most recently admitted
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is request:
-                        out.total_num_tokens = total
-                        return
+            if not slots_ready(request, num_new):
+                num_new, drafts = self._make_room(request, num_new, drafts, out)
+                if not num_new:  # the request itself was preempted
+                    break
             if drafts:
                 out.scheduled_spec_decode_tokens[request.request_id] = drafts
-            add_request(request)  # _add, inlined
-            add_num(num_new)
-            add_decode(num_new - len(drafts) == 1 and len(request.output_token_ids) > 0)
+            new_tokens.append(num_new)
             total += num_new
-        out.total_num_tokens = total
+        self._add(out, running[: len(new_tokens)], new_tokens)
+
+    def _make_room(self, request: Request, num_new: int, drafts: list[int],
+                   out: SchedulerOutput) -> tuple[int, list[int]]:
+        """Allocate the slots of a running request's ``num_new`` tokens. While the pool cannot hold them, its
+        drafts are dropped (rather than preempt anyone), then the most recently admitted running request is
+        preempted. Returns the tokens and drafts it gets, ``(0, [])`` when it was preempted itself."""
+        while not self.kv.allocate_slots(request, num_new):
+            if drafts:
+                num_new, drafts = num_new - len(drafts), []
+                continue
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return 0, []
+        return num_new, drafts
 
     def _schedule_waiting(self, out: SchedulerOutput) -> str | None:
         """Admit waiting requests in order; returns why the rest still wait (``WAIT_REASONS``), if any do."""
@@ -140,12 +143,12 @@ class Scheduler:
             )
             if not self.kv.can_fit(request, final_len):
                 self.waiting.popleft()
-                bs, total = self.kv.block_size, self.kv.pool.num_blocks
+                needed, bs, total = self.kv.num_blocks_needed(final_len), self.kv.block_size, self.kv.pool.num_blocks
                 self._fail(
                     request,
                     out,
                     (
-                        f"request {request.request_id} needs {self.kv.num_blocks_needed(final_len)} blocks of {bs} tokens "
+                        f"request {request.request_id} needs {needed} blocks of {bs} tokens "
                         f"({final_len} tokens: prompt + max_tokens) but the whole KV pool has {total}; "
                         "raise num_blocks / kv_cache_memory, or lower max_tokens"
                     ),
@@ -178,7 +181,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.admitted.append(request)
-            self._add(out, request, num_new)
+            self._add(out, [request], [num_new])
         return None
 
     @staticmethod
@@ -188,11 +191,16 @@ class Scheduler:
         out.failed.append(request)
 
     @staticmethod
-    def _add(out: SchedulerOutput, request: Request, num_new: int, num_drafts: int = 0) -> None:
-        out.requests.append(request)
-        out.num_tokens.append(num_new)
-        out.is_decode.append(num_new - num_drafts == 1 and request.num_output_tokens > 0)
-        out.total_num_tokens += num_new
+    def _add(out: SchedulerOutput, requests: list[Request], num_tokens: list[int]) -> None:
+        """Schedule ``num_tokens[i]`` tokens of ``requests[i]`` in this step: the drafts of a request in
+        ``out.scheduled_spec_decode_tokens`` are among them (after the one token of its decode)."""
+        out.requests += requests
+        out.num_tokens += num_tokens
+        out.total_num_tokens += sum(num_tokens)
+        drafts = out.scheduled_spec_decode_tokens
+        if drafts:  # a decode with drafts is still a decode
+            num_tokens = [n - len(drafts.get(r.request_id, ())) for r, n in zip(requests, num_tokens)]
+        out.is_decode += [n == 1 and len(r.output_token_ids) > 0 for r, n in zip(requests, num_tokens)]
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
@@ -218,22 +226,10 @@ class Scheduler:
             request.num_computed_tokens += n
         if out.scheduled_spec_decode_tokens:
             return self._update_speculative(out, sampled, token_ids, num_accepted or {})
-        finished = []
-        eos, max_len = self.eos_token_ids, self.max_model_len
-        for request, token in zip(sampled, token_ids):  # per request per step: plain lists, no properties
-            output, all_ids = request.output_token_ids, request.all_token_ids
-            output.append(token)  # Request.append_token
-            all_ids.append(token)
-            params = request.sampling_params
-            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
-                status = RequestStatus.FINISHED_STOPPED
-            elif len(output) >= params.max_tokens or len(all_ids) >= max_len:
-                status = RequestStatus.FINISHED_LENGTH
-            else:
-                continue
+        stopped = take_tokens(sampled, token_ids, self.eos_token_ids, self.max_model_len)
+        for request, status in stopped.items():
             self.finish(request, status)
-            finished.append(request)
-        return SchedulerUpdate(sampled, token_ids, finished)
+        return SchedulerUpdate(sampled, token_ids, list(stopped))
 
     def _update_speculative(self, out: SchedulerOutput, sampled: list[Request], token_ids: list[int],
                             num_accepted: dict[str, int]) -> SchedulerUpdate:
@@ -243,7 +239,8 @@ class Scheduler:
         K/V the next step overwrites, and the blocks that held only those go back to the pool."""
         drafts_of = out.scheduled_spec_decode_tokens
         eos, max_len = self.eos_token_ids, self.max_model_len
-        finished, last_tokens = [], []
+        finished: list[Request] = []
+        last_tokens: list[int] = []
         update = SchedulerUpdate(sampled, last_tokens, finished)
         for request, token in zip(sampled, token_ids):
             rid = request.request_id
@@ -253,14 +250,10 @@ class Scheduler:
                 j = num_accepted.get(rid, 0)
                 request.num_computed_tokens -= len(drafts) - j
                 new = [*drafts[:j], token]
-            params, status, kept = request.sampling_params, None, 0
-            for t in new:
-                request.append_token(t)
+            status, kept = None, 0
+            for t in new:  # a stop drops the tokens after it
+                status = take_token(request, t, eos, max_len)
                 kept += 1
-                if t in params.stop_token_ids or (t in eos and not params.ignore_eos):
-                    status = RequestStatus.FINISHED_STOPPED
-                elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_len:
-                    status = RequestStatus.FINISHED_LENGTH
                 if status is not None:
                     break
             last_tokens.append(new[kept - 1])

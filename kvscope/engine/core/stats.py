@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.request import Request
-from kvscope.telemetry.records import SchedulerStats
+from kvscope.telemetry.inputs import SchedulerStats
 
 
 def scheduler_stats(kv: KVCacheManager, running: list[Request], num_waiting: int) -> SchedulerStats:

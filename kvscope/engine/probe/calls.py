@@ -72,6 +72,7 @@ def _probe_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 
     """The mask interface during the first pass: read the pattern, return a stand-in mask whose
     storage identifies it when a layer passes it on."""
     probe = _current()
+    pattern: MaskPattern | UnsupportedModelError
     try:  # a mask no layer uses (a cross-attention one, say) must not refuse the model: keep the reason
         if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
             raise probe.refuse("its attention mask hides tokens of a one-token probe (a padding or custom mask)")
@@ -166,7 +167,7 @@ def _layer_spec(probe, where, module, attention_mask, kwargs, num_heads, num_kv_
             raise probe.refuse(f"{where}: {pattern.reason}")
         if pattern is None:
             raise probe.refuse(f"{where} gets an attention mask the model built or changed itself "
-                               f"({type(attention_mask).__name__}), not one of transformers' mask functions")  # fmt: skip
+                               f"({type(attention_mask).__name__}), not one of transformers' mask functions")
     window = kwargs.get("sliding_window")
     if window is not None and pattern.window is None and window >= probe.max_len:
         window = None  # as long as every sequence (mistral's 4096 of 4096 positions): it never bites, full attention
@@ -197,8 +198,9 @@ def forward(model, probe: ProbePass, token_ids: list[int], positions: list[int])
     except UnsupportedModelError:
         raise
     except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         raise probe.refuse(f"its forward pass fails under kvscope's probe ({type(exc).__name__}: "
-                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''})") from exc  # fmt: skip
+                           f"{first_line})") from exc
     finally:
         stack.pop()
     return logits.float()

@@ -8,8 +8,8 @@ the first, a probe mask function) registered in transformers' interfaces:
    ``softcap``, ``is_causal``, ``dropout``, ``scaling``, anything else) and the mask the model built for
    it. The probe mask function receives transformers' own ``mask_function`` for each mask the model
    asks for (causal, sliding window, chunked, bidirectional, ...) and reads the pattern off it
-   (``masks.read_pattern``; the recording side is ``calls.py``). That gives one ``LayerSpec`` per call; anything the kernels do not
-   implement is refused, naming the layer and the feature.
+   (``masks.read_pattern``; the recording side is ``calls.py``). That gives one ``LayerSpec`` per call;
+   anything the kernels do not implement is refused, naming the layer and the feature.
 2. **Two one-token sequences packed as the engine packs a step**, ``[A, B]`` at positions ``[0, 0]``,
    then ``[C, B]``, then ``B`` alone: B's logits may depend neither on A (tokens mixed outside the
    attention: recurrent or convolution layers, attention the model computes itself) nor on B's index in
@@ -23,9 +23,9 @@ A ``sliding_window`` at least as long as every sequence (the engine's ``max_len`
 positions) never bites: the probe reads a full mask, and the layer runs as full attention. What the config
 alone shows comes first (``_check_config``): positions counted in the batch, KV shared between layers, and
 compressed keys appended to a layer's own (DeepSeek V4, one per 4 or 128 tokens: farther apart than the
-64-token pass sees). Transformers' own cache is checked too: a layer whose cache would keep fewer tokens than its mask reads
-(a ``sliding_window`` in the config with a full mask, as Moshi has) generates differently from its
-own forward pass, and kvscope cannot match both.
+64-token pass sees). Transformers' own cache is checked too: a layer whose cache would keep fewer tokens
+than its mask reads (a ``sliding_window`` in the config with a full mask, as Moshi has) generates
+differently from its own forward pass, and kvscope cannot match both.
 
 A refusal is an ``UnsupportedModelError`` (a ``ValueError``); the model's attention implementation
 and training mode are then restored. On success the model is left set to the "kvscope" attention.
@@ -66,7 +66,8 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
         try:
             model.set_attn_implementation(PROBE_MASK_NAME)
         except Exception as exc:
-            raise UnsupportedModelError(model_type, f"it does not take a custom attention implementation ({exc})") from None
+            raise UnsupportedModelError(model_type,
+                                        f"it does not take a custom attention implementation ({exc})") from None
         first = ProbePass(model_type, max_len, "inspect")
         with torch.inference_mode():
             forward(model, first, [a], [0])
@@ -74,7 +75,7 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
                 raise first.refuse(
                     "its layers never call transformers' AttentionInterface (they compute attention "
                     "themselves, as Bloom, Falcon, GPT-Neo or MPT do), so kvscope cannot page their KV cache",
-                    "use a model whose attention goes through transformers' AttentionInterface (docs/models.md)")  # fmt: skip
+                    "use a model whose attention goes through transformers' AttentionInterface (docs/models.md)")
             layers = tuple(call.spec for call in first.calls)
             _check_repeats(first)
             _check_cache(model, first, layers)
@@ -151,7 +152,8 @@ def counted_positions_limit(text_config) -> int | None:
     ``log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1`` with ``pos`` counted from 0 over the packed
     batch (no cache): 1, as in transformers, while every position and batch index is below
     ``floor_scale - 1``. Too far out for the probe's short passes to see, so it is read from the config."""
-    if getattr(text_config, "attn_temperature_tuning", False) and 0 in (getattr(text_config, "no_rope_layers", None) or ()):
+    no_rope_layers = getattr(text_config, "no_rope_layers", None) or ()
+    if getattr(text_config, "attn_temperature_tuning", False) and 0 in no_rope_layers:
         return int(getattr(text_config, "floor_scale", 8192)) - 1
     return None
 
@@ -178,7 +180,7 @@ def _check_dense(model, first: ProbePass, layers: tuple[LayerSpec, ...], own_imp
     gap = float((ours - own).abs().max())
     if gap > DENSE_TOL * (1.0 + float(own.abs().max())):
         raise first.refuse(f"over {n} tokens its logits under the attention kvscope measured differ "
-                           f"from its own attention's by {gap:.3g}: some layer does more than the probe sees")  # fmt: skip
+                           f"from its own attention's by {gap:.3g}: some layer does more than the probe sees")
 
 
 def _check_cache(model, probe: ProbePass, layers: tuple[LayerSpec, ...]) -> None:

@@ -1,5 +1,6 @@
-"""Speculative decoding: n-gram (prompt lookup) and draft-model proposers, verification by rejection
-sampling in the target's one forward pass per step (see ``speculator.py`` for how a step uses them)."""
+"""Speculative decoding: n-gram (prompt lookup) and draft-model proposers, verified by rejection sampling
+(``kvscope.engine.worker.rejection``) in the target's one forward pass per step (see ``speculator.py`` for how a
+step uses them)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ def build_speculator(
     target (vocabulary, context length; ``ValueError`` with the reason) and given its own KV pool of
     ``num_blocks`` blocks of ``block_size`` tokens."""
     if config.method == "ngram":
-        proposer: Proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
-                                           config.prompt_lookup_max)
+        proposer: Proposer = NgramProposer(config.k, *config.prompt_lookup)
     else:
         from kvscope.engine.spec_decode.draft_model import build_draft_proposer
 

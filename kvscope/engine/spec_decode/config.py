@@ -98,6 +98,16 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config has unknown keys {unknown}; it takes {sorted(known)}")
         return cls(**value)
 
+    @property
+    def k(self) -> int:
+        """Drafts per request per step: ``num_speculative_tokens``, which ``__post_init__`` requires."""
+        return _given("num_speculative_tokens", self.num_speculative_tokens)
+
+    @property
+    def prompt_lookup(self) -> tuple[int, int]:
+        """``(prompt_lookup_min, prompt_lookup_max)`` of an ``ngram`` config (``__post_init__`` fills both)."""
+        return _given("prompt_lookup_min", self.prompt_lookup_min), _given("prompt_lookup_max", self.prompt_lookup_max)
+
     def describe(self) -> dict[str, Any]:
         """JSON values for the run's metadata (a module is named by its class)."""
         model = self.model if self.model is None or isinstance(self.model, str) else type(self.model).__name__
@@ -112,3 +122,10 @@ class SpeculativeConfig:
         if self.method == "ngram":
             return f"ngram k={k} (n {self.prompt_lookup_min}-{self.prompt_lookup_max})"
         return f"draft {self.describe()['model']} k={k}"
+
+
+def _given(name: str, value: int | None) -> int:
+    """A field ``__post_init__`` filled in; ``None`` only on a config of the other method."""
+    if value is None:
+        raise ValueError(f"this speculative_config has no {name}")
+    return value

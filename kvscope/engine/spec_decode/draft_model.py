@@ -31,8 +31,8 @@ from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.probe.probe import probe_model
 from kvscope.engine.request import Request, SamplingParams
 from kvscope.engine.spec_decode.config import SpeculativeConfig
-from kvscope.engine.spec_decode.rejection import target_probs
 from kvscope.engine.worker.model_runner import ModelRunner
+from kvscope.engine.worker.rejection import target_probs
 from kvscope.models.loader import load_model
 from kvscope.telemetry.pagemap import PageMapTracker
 from kvscope.telemetry.records import PageEntry, ScheduledItem
@@ -42,7 +42,8 @@ from kvscope.utils.host import check_kv_fits
 def check_compatible(draft: torch.nn.Module, draft_tokenizer, target_vocab: int, target_tokenizer,
                      max_model_len: int) -> None:
     """Refuse a draft whose tokens mean something else, or that cannot reach ``max_model_len``."""
-    config = draft.config.get_text_config() if hasattr(draft.config, "get_text_config") else draft.config
+    hf_config: Any = draft.config  # a transformers PretrainedConfig (nn.Module's attributes type as tensors)
+    config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     vocab = getattr(config, "vocab_size", None)
     if vocab != target_vocab:
         raise ValueError(f"the draft model has a vocabulary of {vocab} tokens but the target {target_vocab}: "
@@ -100,7 +101,7 @@ def build_draft_proposer(config: SpeculativeConfig, target_vocab: int, target_to
         check_kv_fits(num_blocks, spec.kv_bytes_per_block(block_size), "the draft model's KV pool")
     runner = ModelRunner(model, spec, block_size, num_blocks, backend, device)
     pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
-    return DraftModelProposer(runner, pool, config.num_speculative_tokens, track_pages=telemetry)
+    return DraftModelProposer(runner, pool, config.k, track_pages=telemetry)
 
 
 class DraftModelProposer:

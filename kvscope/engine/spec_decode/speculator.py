@@ -35,7 +35,7 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
         self.config = config
         self.proposer = proposer
-        self.k = config.num_speculative_tokens
+        self.k = config.k
         self.max_model_len = max_model_len
         self.propose_ns = 0  # the last proposal's time
 
@@ -73,10 +73,10 @@ class Speculator:
     def describe(self) -> dict[str, Any]:
         """The run metadata's ``speculative`` entry: the config, and the draft model's pool if any."""
         out = self.config.describe()
-        pool = getattr(self.proposer, "pool", None)
-        if pool is not None:
+        pool, runner = getattr(self.proposer, "pool", None), getattr(self.proposer, "runner", None)
+        if pool is not None and runner is not None:  # a draft model's (DraftModelProposer)
             out.update(draft_num_blocks=pool.num_blocks, draft_block_size=pool.block_size,
-                       draft_kv_bytes_per_block=self.proposer.runner.spec.kv_bytes_per_block(pool.block_size))
+                       draft_kv_bytes_per_block=runner.spec.kv_bytes_per_block(pool.block_size))
         return out
 
     # ---- telemetry -------------------------------------------------------------------------------------

@@ -147,9 +147,9 @@ def kvscope_attention(
         slot_mapping, block_tables = meta.group_slot_mappings[g], meta.group_block_tables[g]
     meta.backend.store_kv(k, v, key_cache, value_cache, slot_mapping)
     out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)  # [T, Hq, Dv] contiguous
-    if meta.plans is not None:  # planned once per step by the runner, reused by every layer of a kind
-        meta.backend.run_plan(meta.plans[index], q, key_cache, value_cache, scaling, out, k, v,
-                              softcap=softcap, sinks=sinks)  # fmt: skip
+    run_plan = meta.backend.run_plan
+    if meta.plans is not None and run_plan is not None:  # planned once per step, reused by each layer of a kind
+        run_plan(meta.plans[index], q, key_cache, value_cache, scaling, out, k, v, softcap=softcap, sinks=sinks)
         return out.unsqueeze(0), None  # [1, T, Hq, Dv]
     layer = meta.layers[index] if meta.layers else None
     meta.backend.paged_attention(

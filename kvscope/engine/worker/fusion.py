@@ -33,6 +33,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,7 @@ class _Group:
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
+            assert _onednn is not None  # a oneDNN group is built only where onednn_usable
             return _onednn(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -151,7 +153,7 @@ class FusedLinears:
                 group.x, group.outs = None, ()
 
 
-def _mergeable(linears: list) -> bool:
+def _mergeable(linears: list[Any]) -> TypeGuard[list[torch.nn.Linear]]:
     """Linears that can share one GEMM: all ``nn.Linear``, one input size, one dtype, all or no bias."""
     if not all(type(m) is torch.nn.Linear for m in linears):
         return False
@@ -174,7 +176,7 @@ def _install(linear: torch.nn.Linear) -> None:
             return own(x)
         return entry[0].output(x, entry[1])
 
-    linear.forward = forward
+    linear.__dict__["forward"] = forward  # an instance attribute (what nn.Module.__setattr__ makes of it)
 
 
 class FastModel:

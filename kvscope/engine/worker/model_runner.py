@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -9,9 +12,10 @@ from kvscope.engine.config import LayerSpec, ModelSpec
 from kvscope.engine.core.kv_groups import KVCacheConfig, single_group
 from kvscope.engine.core.output import SchedulerOutput
 from kvscope.engine.request import Request
-from kvscope.engine.spec_decode.rejection import verify
 from kvscope.engine.worker.attention import AttentionMetadata, use_metadata
+from kvscope.engine.worker.fusion import FastModel
 from kvscope.engine.worker.model_input import ModelInput
+from kvscope.engine.worker.rejection import verify
 from kvscope.engine.worker.sampler import sample
 from kvscope.kernels.backend import KernelBackend
 from kvscope.kernels.torch_paged import AttentionPlan
@@ -20,7 +24,7 @@ from kvscope.kernels.torch_paged import AttentionPlan
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | FastModel,  # FastModel: the model with its fused projections (fusion.py)
         spec: ModelSpec,
         block_size: int,
         num_blocks: int,
@@ -50,7 +54,7 @@ class ModelRunner:
         ``kv_caches[i]`` is KV layer ``i``'s slot (the j-th layer of every group shares slot j)."""
         self.kv_caches, self.kv_slots = [], []  # free the old pages first
         dev, dtype, bs, cfg = self.device, self.spec.dtype, self.block_size, self.kv_config
-        shape_of = {}  # slot -> the first layer that uses it (all its layers have one page shape)
+        shape_of: dict[int, LayerSpec] = {}  # slot -> the first layer that uses it (all its layers have one page shape)
         for i, slot in enumerate(cfg.layer_slot):
             shape_of.setdefault(slot, self.layers[i])
         self.kv_slots = [
@@ -62,6 +66,11 @@ class ModelRunner:
         ]
         self.kv_caches = [self.kv_slots[slot] for slot in cfg.layer_slot]
         self.num_blocks = num_blocks
+
+    @property
+    def backend_name(self) -> str:
+        """The attention backend's name (``kvscope.engine.protocols.Worker``: what the run metadata reports)."""
+        return self.backend.name
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -133,9 +142,9 @@ class ModelRunner:
         seq_lens_list = seq_lens.tolist()
         group_tables_t = torch.from_numpy(group_tables).to(dev)  # [G, B, max_blocks]
         slot_mappings_t = torch.from_numpy(slot_mappings).to(dev)  # [G, T]
-        plans = None
-        if self.backend.build_plan is not None:
-            plans = self._plans(group_tables_t, query_lens, seq_lens_list, num_decodes)
+        plans, build_plan = None, self.backend.build_plan
+        if build_plan is not None:
+            plans = self._plans(build_plan, group_tables_t, query_lens, seq_lens_list, num_decodes)
         return AttentionMetadata(
             slot_mapping=slot_mappings_t[0],
             block_tables=group_tables_t[0],
@@ -153,13 +162,15 @@ class ModelRunner:
             group_block_tables=list(group_tables_t) if num_groups > 1 else [],
         )
 
-    def _plans(self, group_tables: torch.Tensor, query_lens: list[int], seq_lens: list[int],
-               num_decodes: int) -> list[AttentionPlan]:
-        """Per KV layer its attention plan: one per (group, kind of layer), shared by its layers."""
-        layers, layer_group, by_kind = self.layers, self.kv_config.layer_group, {}
+    def _plans(self, build_plan: Callable[..., AttentionPlan], group_tables: torch.Tensor, query_lens: list[int],
+               seq_lens: list[int], num_decodes: int) -> list[AttentionPlan]:
+        """Per KV layer its attention plan (the backend's ``build_plan``): one per (group, kind of layer), shared
+        by its layers."""
+        layers, layer_group = self.layers, self.kv_config.layer_group
+        by_kind: dict[tuple[int, Any], AttentionPlan] = {}
         for layer, g in zip(layers, layer_group):
             if (g, layer.kind) not in by_kind:
-                by_kind[g, layer.kind] = self.backend.build_plan(
+                by_kind[g, layer.kind] = build_plan(
                     group_tables[g], query_lens, seq_lens, num_decodes, self.block_size,
                     layer.num_heads // layer.num_kv_heads, self.spec.dtype,
                     layer.num_kv_heads * layer.head_dim, window=layer.sliding_window,
@@ -189,13 +200,16 @@ class ModelRunner:
     def verify(self, logits: torch.Tensor, inp: ModelInput,
                draft_probs: dict[str, torch.Tensor] | None = None) -> tuple[list[int], dict[str, int]]:
         """A step with drafts: per sample request the token after its accepted drafts, and per request
-        with drafts how many were accepted (``spec_decode.rejection.verify``)."""
-        tokens, accepted = verify(logits, inp.sample_requests, inp.spec_drafts, draft_probs)
-        return tokens, {r.request_id: a for r, a, d in zip(inp.sample_requests, accepted, inp.spec_drafts) if d}
+        with drafts how many were accepted (``worker/rejection.py``: ``verify``)."""
+        drafts = inp.spec_drafts
+        if drafts is None:
+            raise ValueError("verify() takes a step with drafts (ModelInput.spec_drafts); sample() one without")
+        tokens, accepted = verify(logits, inp.sample_requests, drafts, draft_probs)
+        return tokens, {r.request_id: a for r, a, d in zip(inp.sample_requests, accepted, drafts) if d}
 
 
 def call_model(
-    model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor | None
+    model: Callable[..., Any], input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor | None
 ) -> torch.Tensor:
     """The one way the engine (and its probe) calls a model: a packed ``[1, T]`` batch with explicit
     positions and no transformers cache; logits of the rows in ``logits_indices`` (all when None)."""

@@ -4,10 +4,10 @@ at the end and the notebook display.
 
 Threads: one **worker thread** (``kvscope-<noun>``) does the run's work (``_body``), then winds it
 down (``_wind_down``: the last records, the files, letting go of what it held) and sets ``done``; it
-is the only writer of ``status``. The **caller** only sets flags (``stop``, ``pause``, ``resume``) and reads results; ``wait`` blocks it
-until the run is over. A ``KeyboardInterrupt`` during ``wait`` (Ctrl-C, Jupyter's "interrupt kernel")
-stops the run, waits for it to wind down (files included), and propagates. A live view (``dashboard``),
-when there is one, runs on its own thread and is started and joined with the run.
+is the only writer of ``status``. The **caller** only sets flags (``stop``, ``pause``, ``resume``) and reads
+results; ``wait`` blocks it until the run is over. A ``KeyboardInterrupt`` during ``wait`` (Ctrl-C, Jupyter's
+"interrupt kernel") stops the run, waits for it to wind down (files included), and propagates. A live view
+(``dashboard``), when there is one, runs on its own thread and is started and joined with the run.
 
 A subclass gives ``noun`` (for messages and the thread's name), ``_body`` (returns when the work is
 done or ``stop()`` was called; ``_stop`` / ``_running`` are the flags to honour), ``_file_writers``
@@ -185,7 +185,7 @@ class Lifecycle(ABC):
                 self._done.set()
 
     # ---- display -----------------------------------------------------------------------------------
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict | None:
         if self.dashboard is None or self.dashboard.headless:
             return {"text/plain": repr(self)}
         return self.dashboard._repr_mimebundle_(include=include, exclude=exclude)

@@ -18,30 +18,39 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvscope.engine.engine import Engine
-from kvscope.engine.request import Request, RequestOutput
+from kvscope.engine.protocols import EngineClient, RunRecorder
+from kvscope.engine.request import RequestOutput
+from kvscope.runs.background.profiling import open_windows
 from kvscope.runs.background.recording import Recording
 from kvscope.runs.background.status import Outputs, RunStatus, claim_engine, release_engines
-from kvscope.runs.result.run import Run, RunBuffer
+from kvscope.runs.background.submitter import Submitter
+from kvscope.runs.result.buffer import RunBuffer
+from kvscope.runs.result.run import Run
 from kvscope.runs.workload.items import WorkItem
 from kvscope.telemetry.detail import DetailWindow
-from kvscope.telemetry.export import MAX_TEXT
+from kvscope.telemetry.recorder import Recorder
 from kvscope.telemetry.records import RequestEvent, StepRecord
+from kvscope.telemetry.slow_capture import SlowCapture
 from kvscope.telemetry.summary_stream import SummaryStream
 from kvscope.utils.collector import fewer_collections
+
+EngineFactory = Callable[[], EngineClient]
+Workload = Iterable[WorkItem] | Callable[[EngineClient], Iterable[WorkItem]]
 
 
 class LiveRun(Recording):
     """A run in progress. ``LiveRun(make_engine, workload).start()``; then ``wait()``, ``stop()``,
     ``pause()`` / ``resume()``, ``outputs``, ``steps``, ``requests``; shows its dashboard in a notebook.
 
-    ``make_engine`` is an ``Engine`` or a no-argument callable returning one (called on the engine
-    thread, so a slow model load does not block the caller). ``workload`` is a list of ``WorkItem`` or
+    ``make_engine`` is an engine (``kvscope.engine.protocols.EngineClient``: an ``Engine``, a ``PDEngine``, a
+    simulated one) or a no-argument callable returning one (called on the engine thread, so a slow model load
+    does not block the caller). ``workload`` is a list of ``WorkItem`` or
     a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
     between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
     torch.profiler (after one warm-up step); ``capture_slow=(steps, windows)``: ``Engine.capture_slow``, its
@@ -52,10 +61,12 @@ class LiveRun(Recording):
     An engine can be driven by one live run at a time; ``start()`` refuses a second one.
     """
 
+    files: Outputs
+
     def __init__(
         self,
-        make_engine: Engine | Callable[[], Engine],
-        workload: Iterable[WorkItem] | Callable[[Engine], Iterable[WorkItem]],
+        make_engine: EngineClient | EngineFactory,
+        workload: Workload,
         *,
         outputs: Outputs | None = None,
         step_delay: float = 0.0,
@@ -69,22 +80,20 @@ class LiveRun(Recording):
         super().__init__(outputs or Outputs())
         self._make_engine = make_engine
         self._workload = workload
-        lazy = callable(workload) or not isinstance(workload, Sequence)
-        self.workload: list[WorkItem] = [] if lazy else list(workload)
-        self.keep_outputs = keep_outputs  # False: finished requests are let go (a simulation of 10**6 requests)
+        # the items as their arrival times come, and the requests made of them; False: finished requests are
+        # let go (a simulation of 10**6 requests)
+        self._submitter = Submitter(keep_outputs)
+        if not callable(workload) and isinstance(workload, Sequence):
+            self._submitter.workload = list(workload)
         self.total_requests = total_requests  # a lazy workload's length, if known (a list's is its own)
         self._detail: DetailWindow | None = None  # which steps get per-request detail (a long simulation)
-        self.num_submitted = 0
         self.num_finished = 0  # requests whose "finished" event was recorded
-        self._pending: Iterator[WorkItem] = iter(())
-        self._next: WorkItem | None = None  # the next item to submit, when its arrival time comes
-        self._t_submit_ns = 0  # arrival times count from here
         self.step_delay = step_delay
         self.profile_steps = profile_steps
-        self.capture_slow, self._capture = capture_slow, None  # the SlowCapture (telemetry/slow_capture.py)
-        self.engine: Engine | None = None
+        self.capture_slow = capture_slow
+        self._capture: SlowCapture | None = None  # the SlowCapture's (telemetry/slow_capture.py)
+        self.engine: EngineClient | None = None
         self.meta: dict[str, Any] = {}  # filled in place as the run learns it (the dashboard holds it)
-        self._requests: list[Request] = []
         self._so_far = RunBuffer(self.meta)  # what the recorder published (sized to it in _build_engine)
         self._stream = SummaryStream({})
         self._final: Run | None = None  # the whole run, once over
@@ -99,9 +108,20 @@ class LiveRun(Recording):
     def start(self) -> LiveRun:
         """Start the engine thread (and the dashboard's); returns at once. Raises ``RuntimeError`` if
         this run was started before or its engine is driven by another live run that is not over."""
-        if self._thread is None and isinstance(self._make_engine, Engine):
+        if self._thread is None and not callable(self._make_engine):
             claim_engine(self._make_engine, self)
         return super().start()
+
+    # ---- the workload (the submitter's) ------------------------------------------------------------------
+    @property
+    def workload(self) -> list[WorkItem]:
+        """The work items (once known: a function of the engine makes them when it is built; empty for a lazy
+        workload, an iterator)."""
+        return self._submitter.workload
+
+    @property
+    def num_submitted(self) -> int:
+        return self._submitter.num_submitted
 
     # ---- results (any thread) ---------------------------------------------------------------------------
     @property
@@ -113,8 +133,7 @@ class LiveRun(Recording):
     @property
     def outputs(self) -> list[RequestOutput]:
         """One ``RequestOutput`` per submitted request, in workload order (partial while running)."""
-        engine = self.engine
-        return [engine.output(r) for r in list(self._requests)] if engine is not None else []
+        return self._submitter.outputs(self.engine) if self.engine is not None else []
 
     @property
     def step(self) -> int:
@@ -135,7 +154,7 @@ class LiveRun(Recording):
         """The HTML report of the run so far, with the prompt and output texts (``Run.save_html``)."""
         run = self.run
         if "texts" not in run.meta and self.engine is not None:  # still going: the texts so far
-            run = Run(run.records, run.events, {**run.meta, "texts": self._texts(self.engine)})
+            run = Run(run.records, run.events, {**run.meta, "texts": self._submitter.texts(self.engine)})
         return run.save_html(path)
 
     # ---- the engine thread ---------------------------------------------------------------------------
@@ -148,33 +167,30 @@ class LiveRun(Recording):
         if self.dashboard is not None:
             self.dashboard.feed.push(item)
 
-    def _build_engine(self) -> Engine:
+    def _build_engine(self) -> EngineClient:
         self.status = RunStatus.LOADING
-        engine = self._make_engine if isinstance(self._make_engine, Engine) else self._make_engine()
-        if engine.recorder is None:
-            raise ValueError("a live run needs an engine with telemetry=True")
+        make = self._make_engine
+        engine = make() if callable(make) else make
+        recorder = _recorder(engine)
         claim_engine(engine, self)
-        engine.recorder.clear()
+        recorder.clear()
         self.meta.update(engine.run_metadata())
         self.meta["t0_ns"] = engine.clock.now_ns()
-        self._so_far = RunBuffer(self.meta, engine.recorder.capacity)  # the recorder's own bounds
-        self._stream = SummaryStream(engine.recorder.baseline)  # the exact summary, past the recorder's ring
+        self._so_far = RunBuffer(self.meta, recorder.capacity)  # the recorder's own bounds
+        self._stream = SummaryStream(recorder.baseline)  # the exact summary, past the recorder's ring
         return engine
 
     def _body(self) -> None:
         engine = self.engine = self._build_engine()
+        recorder = _recorder(engine)
         items = self._workload(engine) if callable(self._workload) else self._workload
-        if isinstance(items, Sequence):
-            self.workload = list(items)
-            items = self.workload
-        self._pending = iter(items)
-        self._next = next(self._pending, None)
-        self._unsubscribe = engine.recorder.subscribe(self._collect)
-        self._detail = DetailWindow.for_run(engine.recorder, self.total_requests or len(self.workload),
+        self._submitter.start(items, engine.clock.now_ns())
+        self._unsubscribe = recorder.subscribe(self._collect)
+        self._detail = DetailWindow.for_run(recorder, self.total_requests or len(self.workload),
                                             engine.clock.virtual and self.dashboard is None)
-        self._t_submit_ns = engine.clock.now_ns()
-        self._submit_due(engine)
-        self._profiler = self._start_profiler(engine)
+        self._submitter.submit_due(engine)
+        self._profiler, self._capture = open_windows(engine, self.profile_steps, self.capture_slow, self.meta,
+                                                     self.files.trace)
         self.status = RunStatus.RUNNING
         self._loop(engine)
 
@@ -186,54 +202,32 @@ class LiveRun(Recording):
         finally:
             release_engines(self)
 
-    def _submit_due(self, engine: Engine) -> None:
-        """Add the items whose arrival time has come. A prompt the engine refuses (empty, too long, outside
-        the vocabulary) fails alone, as a request finished with status ``error`` naming it; the others run."""
-        now, t0 = engine.clock.now_ns(), self._t_submit_ns
-        while self._next is not None and (due := t0 + round(self._next.arrival_s * 1e9)) <= now:
-            item, self._next = self._next, next(self._pending, None)
-            self.num_submitted += 1
-            try:
-                request = engine.make_request(item.prompt_for(engine.tokenizer), item.params)
-            except (TypeError, ValueError) as exc:
-                total = f" of {len(self.workload)}" if self.workload else ""
-                where = item.source or f"request {self.num_submitted}{total}"
-                self._requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
-                continue
-            if item.arrival_s:  # it arrived at its time, maybe during the step that just ended
-                request.arrival_time = due / 1e9
-            if item.shown is not None or item.chat:  # reports show the user's message, not the template
-                request.prompt = item.shown if item.shown is not None else item.prompt
-            self._requests.append(request)
-            engine.add_request(request)
-        if not self.keep_outputs and len(self._requests) > 4096 + 2 * len(engine.requests):
-            self._requests = [r for r in self._requests if not r.is_finished]
-
-    def _abort_own(self, engine: Engine) -> None:
+    def _abort_own(self, engine: EngineClient) -> None:
         """Abort this run's unfinished requests (not those another thread added to the same engine)
         and record the state that leaves."""
-        if self._detail is not None:  # the last records in detail, whatever the estimate said
-            engine.recorder.set_detail(True)
-        for request in self._requests:
-            if not request.is_finished:
-                engine.abort(request.request_id)
+        recorder = engine.recorder
+        if self._detail is not None and isinstance(recorder, Recorder):  # the last records in detail, whatever
+            recorder.set_detail(True)  # the estimate said
+        self._submitter.abort_unfinished(engine)
         engine.record_state()
 
-    def _loop(self, engine: Engine) -> None:
+    def _loop(self, engine: EngineClient) -> None:
         # a simulation is all Python objects: the collector would take a third of its time (utils/collector.py)
         with fewer_collections() if engine.clock.virtual else nullcontext():
             self._steps(engine)
 
-    def _steps(self, engine: Engine) -> None:
+    def _steps(self, engine: EngineClient) -> None:
         # records, not stream deltas: a P/D router's step, or one a test replaced, is called as it is
-        plain = isinstance(engine, Engine) and "step" not in vars(engine)
-        step = functools.partial(engine.step, deltas=False) if plain else engine.step
+        step = functools.partial(engine.step, deltas=False) if _plain_engine(engine) else engine.step
+        recorder = engine.recorder  # one that can go light (a Recorder), when a detail window says when
+        light = recorder if self._detail is not None and isinstance(recorder, Recorder) else None
+        submitter = self._submitter
         while not self._stop.is_set():
-            self._submit_due(engine)
+            submitter.submit_due(engine)
             if not engine.has_unfinished_requests():
-                if self._next is None:
+                wake = submitter.next_arrival_ns
+                if wake is None:
                     break
-                wake = self._t_submit_ns + round(self._next.arrival_s * 1e9)
                 engine.clock.sleep_until_ns(wake, self._stop)  # idle until the next arrival
                 continue
             if not self._running.is_set():
@@ -241,29 +235,13 @@ class LiveRun(Recording):
                 self._running.wait()
                 self.status = RunStatus.RUNNING
                 continue
-            if self._detail is not None:
-                engine.recorder.set_detail(self._detail.update(self._so_far.num_steps, self.num_finished))
+            if light is not None and self._detail is not None:
+                light.set_detail(self._detail.update(self._so_far.num_steps, self.num_finished))
             step()
             if self.step_delay:
                 self._stop.wait(self.step_delay)
 
-    def _start_profiler(self, engine: Engine) -> ExitStack:
-        """The profiling window (``engine.profile``, a context manager) as an ``ExitStack`` to close."""
-        stack = ExitStack()
-        if self.profile_steps:
-            stack.enter_context(engine.profile(num_steps=self.profile_steps))  # after one warm-up step
-        if self.capture_slow:
-            capture = self._capture = stack.enter_context(engine.capture_slow(*self.capture_slow))
-            trace = str(self.files.trace) if self.files.trace else None  # where the windows' kernels will be
-
-            def describe() -> None:  # the dashboard reads it: one dict replaced at a time
-                self.meta["capture_slow"] = capture.describe(trace)
-
-            capture.on_change = describe
-            describe()
-        return stack
-
-    def _finish(self, engine: Engine) -> None:
+    def _finish(self, engine: EngineClient) -> None:
         """Engine thread, last: stop profiling, adopt the recorder's snapshot as the run, write the files."""
         if self._profiler is not None:
             try:
@@ -272,12 +250,13 @@ class LiveRun(Recording):
                 self.files.errors["profile"] = f"{type(exc).__name__}: {exc}"
         if self._unsubscribe is not None:
             self._unsubscribe()
-        records, events, meta, profiler_events = engine.recorder.snapshot()
+        recorder = _recorder(engine)
+        records, events, meta, profiler_events = recorder.snapshot()
         meta["t0_ns"] = self.meta.get("t0_ns", meta["t0_ns"])
-        meta["texts"] = self._texts(engine)
-        if self._capture is not None:
+        meta["texts"] = self._submitter.texts(engine)
+        if self._capture is not None and self._capture.on_change is not None:
             self._capture.on_change()  # its final word, into self.meta
-        if meta["num_steps_dropped"] or self.num_submitted > engine.recorder.events.maxlen // 4:
+        if meta["num_steps_dropped"] or self.num_submitted > (recorder.events.maxlen or 0) // 4:
             # the ring lost the start, the stream saw all of it (NaN as null: files hold no NaN)
             meta["summary"] = {k: None if isinstance(v, float) and v != v else v
                                for k, v in self._stream.summary().items()}
@@ -287,14 +266,17 @@ class LiveRun(Recording):
             self.dashboard.offer_replay(self._final)
         self._write_files()
 
-    def _texts(self, engine: Engine) -> dict[str, dict[str, str | None]]:
-        """Prompt and output text per request, kept in ``meta`` so saved runs (and reports) have it."""
-        texts = {}
-        for request in list(self._requests):
-            output = engine.decode(list(request.output_token_ids))
-            texts[request.request_id] = {"prompt": request.prompt and request.prompt[:MAX_TEXT],
-                                         "output": output[:MAX_TEXT]}
-        return texts
-
     def _describe(self) -> str:
         return f"{self.meta.get('model', '?')}: {self.status_text}, {self.step} steps, {self.num_submitted} requests"
+
+
+def _recorder(engine: EngineClient) -> RunRecorder:
+    """The engine's recorder; ``ValueError`` for an engine that records nothing."""
+    if engine.recorder is None:
+        raise ValueError("a live run needs an engine with telemetry=True")
+    return engine.recorder
+
+
+def _plain_engine(engine: EngineClient) -> TypeGuard[Engine]:
+    """An ``Engine`` whose own ``step`` runs (it takes ``deltas=False``), not a router or a test's stand-in."""
+    return isinstance(engine, Engine) and "step" not in vars(engine)

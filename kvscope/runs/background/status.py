@@ -1,16 +1,18 @@
 """A live run's small state, in the standard library only (the faces read it without importing the
-engine): ``RunStatus``, the ``Outputs`` it writes at the end (a sweep's: ``SweepOutputs``),
-``status_text`` (the status in words), and which live run drives each engine (``claim_engine`` /
-``release_engines``)."""
+engine): ``RunStatus``, the ``Outputs`` it writes at the end (a sweep's: ``SweepOutputs``; both set up before the
+run, in ``kvscope.runs.setup.outputs``), ``status_text`` (the status in words), and which live run drives each
+engine (``claim_engine`` / ``release_engines``)."""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, Protocol
+
+from kvscope.runs.setup.outputs import Outputs, SweepOutputs
+
+__all__ = ["Outputs", "RunStatus", "SweepOutputs", "claim_engine", "release_engines", "status_text"]
 
 
 class RunStatus(str, Enum):
@@ -28,34 +30,8 @@ class RunStatus(str, Enum):
         return self.value
 
 
-@dataclass(slots=True)
-class Outputs:
-    """Files to write when the run ends (each atomically: a temp file, then a rename)."""
-
-    trace: Path | None = None
-    metrics: Path | None = None
-    html: Path | None = None
-    written: dict[str, Path] = field(default_factory=dict)  # kind -> path, once written
-    errors: dict[str, str] = field(default_factory=dict)  # kind -> why it could not be written
-
-    def wanted(self) -> dict[str, Path]:
-        return {k: p for k, p in (("trace", self.trace), ("metrics", self.metrics), ("html", self.html)) if p}
-
-
-@dataclass(slots=True)
-class SweepOutputs:
-    """A sweep's files, written when its last run ends: the comparison as HTML, its ``per_run`` as CSV."""
-
-    html: Path | None = None
-    csv: Path | None = None
-    written: dict[str, Path] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-
-    def wanted(self) -> dict[str, Path]:
-        return {k: p for k, p in (("html", self.html), ("csv", self.csv)) if p}
-
-
-def status_text(status: RunStatus, error: BaseException | None, writing_files: bool, file_errors: dict[str, str]) -> str:
+def status_text(status: RunStatus, error: BaseException | None, writing_files: bool,
+                file_errors: dict[str, str]) -> str:
     """``status`` in words with its details: "loading model", "failed: RuntimeError: boom",
     "finished · writing files", "stopped · could not write trace, html"."""
     text = "loading model" if status is RunStatus.LOADING else status.value

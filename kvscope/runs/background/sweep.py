@@ -1,7 +1,8 @@
 """Sweeps: the same seeded workload once per value of one run option, compared.
 
 ```python
-cmp = kvscope.runs.background.sweep.sweep("block_size", [8, 16, 32, 64], requests=16, num_blocks=64)  # blocks until done
+# blocks until done
+cmp = kvscope.runs.background.sweep.sweep("block_size", [8, 16, 32, 64], requests=16, num_blocks=64)
 cmp.table; cmp.per_run; cmp.save_csv("sweep.csv"); cmp.save_html("sweep.html")
 ```
 
@@ -9,9 +10,9 @@ cmp.table; cmp.per_run; cmp.save_csv("sweep.csv"); cmp.save_html("sweep.html")
 the run options of ``kvscope.options.run`` with one change (``kvscope.options.sweep``): every option that
 takes one value (workload, sampling, engine) also takes a comma-separated list, and exactly one of them
 must get two or more values. Each value is one ``RunSpec`` (the others' spec with that one field replaced),
-checked by ``kvscope.runs.setup.prepare.prepare`` before the first run starts, so a bad value fails at once. The runs share everything else, so the synthetic
-workload (seeded, drawn from the model's vocabulary) is the same prompts and the same per-request seeds
-in every run.
+checked by ``kvscope.runs.setup.prepare.prepare`` before the first run starts, so a bad value fails at once.
+The runs share everything else, so the synthetic workload (seeded, drawn from the model's vocabulary) is the
+same prompts and the same per-request seeds in every run.
 
 ``Sweep`` is a ``Comparison`` that fills in: the runs go one after another on a background thread, and
 each finished run joins ``runs`` / ``labels`` / ``summaries`` (appended in that order, read by zipping
@@ -44,6 +45,7 @@ from kvscope.runs.setup.spec import RunSpec
 if TYPE_CHECKING:
     from kvscope.runs.background.live import LiveRun
     from kvscope.runs.setup.prepare import RunSetup
+    from kvscope.widgets.sweep_view import SweepView
 
 __all__ = ["Sweep", "SweepPlan", "default_args", "listed_options", "plan_from_args", "plan_runs", "sweep"]
 
@@ -65,7 +67,8 @@ class Sweep(Lifecycle, Comparison):
                                               csv=Path(csv) if csv is not None else None))
         self.plan = plan
         self.runs, self.labels, self.summaries, self.spreads = [], [], [], []
-        self.swept = (plan.dest, [])  # the values of the finished runs
+        self._swept_values: list[Any] = []  # the values of the finished runs
+        self.swept = (plan.dest, self._swept_values)
         self.workloads: list[list] = []  # the work items of each finished run (WorkItem lists)
         self.errors: dict[str, BaseException] = {}  # label -> why that run failed
         self.current: LiveRun | None = None
@@ -73,7 +76,7 @@ class Sweep(Lifecycle, Comparison):
         self.run_dashboards = dashboard  # each run shows its own dashboard (the sweep's view swaps them in)
         self.dashboard_options = dashboard_options
         self.listeners: list[Callable[[Sweep], None]] = []  # called on the sweep's thread as runs start and end
-        self._view = None
+        self._view: SweepView | None = None
 
     @property
     def written(self) -> dict[str, Path]:
@@ -145,7 +148,7 @@ class Sweep(Lifecycle, Comparison):
         self.summaries.append(summary)
         self.spreads.append(spread)
         self.runs.append(middle.run)
-        self.swept[1].append(value)
+        self._swept_values.append(value)
         self.workloads.append(list(middle.workload))
         self.labels.append(label)
 
@@ -193,20 +196,22 @@ class Sweep(Lifecycle, Comparison):
             what = "a warm-up run (not measured)" if run is not None else "starting"
             runs = f"{n} runs" if self.plan.repeat == 1 else f"{n} values x {self.plan.repeat} runs"
             return f"sweep of {self.plan.option}: {what} ({runs})"
-        return f"sweep of {self.plan.option}: run {self.index + 1} of {n}, {self.plan.labels[self.index]} ({run.status_text})"
+        label = self.plan.labels[self.index]
+        return f"sweep of {self.plan.option}: run {self.index + 1} of {n}, {label} ({run.status_text})"
 
     @property
     def warnings(self) -> list[str]:
         failed = [f"{label} failed: {type(exc).__name__}: {exc}" for label, exc in self.errors.items()]
         return (super().warnings if self.runs else []) + failed
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict | None:
         """In a notebook: the status, the table filling in, the current run's dashboard."""
         from kvscope.widgets.sweep_view import SweepView
 
-        if self._view is None:
-            self._view = SweepView(self)
-        return self._view.box._repr_mimebundle_(include=include, exclude=exclude)
+        view = self._view
+        if view is None:
+            view = self._view = SweepView(self)
+        return view.box._repr_mimebundle_(include=include, exclude=exclude)
 
 
 def sweep(option: str, values: Sequence[Any], *, dashboard: bool = False, repeat: int = 1, warmup: bool = True,

@@ -78,7 +78,9 @@ def plan_runs(base: RunSpec, dest: str, flag: str, values: Values,
     ``prepare`` (default ``kvscope.runs.setup.prepare.prepare``; a simulation's ``prepare_simulation``).
     ``OptionError`` naming the value if any run would be refused."""
     if prepare is None:
-        from kvscope.runs.setup.prepare import prepare  # here: it brings torch
+        from kvscope.runs.setup.prepare import prepare as prepare_run  # here: it brings torch
+
+        prepare = prepare_run
 
     setups = []
     for value, text in zip(values, values.texts):

@@ -27,18 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from kvscope._version import __version__
+from kvscope.runs.background.polling import ServerPoller, WatchError
 from kvscope.runs.background.recording import Recording
 from kvscope.runs.background.status import Outputs, RunStatus
-from kvscope.runs.result.run import Run, RunBuffer, WatchedRun
+from kvscope.runs.result.buffer import RunBuffer
+from kvscope.runs.result.run import Run, WatchedRun
+from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.watched.limits import MAX_RECORDS
-from kvscope.watched.metrics import Scrape, ScrapeError, ScrapeStopped, metrics_url, scrape
+from kvscope.watched.metrics import metrics_url
 from kvscope.watched.plugin_log import PluginLog
 from kvscope.watched.source import LOST, WatchSource
 from kvscope.watched.streams import EventStreams, check_endpoints
 
-
-class WatchError(RuntimeError):
-    """The watch could not start (a server that does not answer, an address that cannot be bound)."""
+__all__ = ["WatchError", "WatchRun", "watch"]
 
 
 def _listed(value: str | os.PathLike | Sequence[str] | None) -> list[str]:
@@ -99,10 +100,12 @@ class WatchRun(Recording):
         self._final: Run | None = None
         self._lock = threading.Lock()  # held by the watch thread while it changes the watch's state
         self.streams = EventStreams(self.source, self._lock, self.timeout)
+        self.poller = ServerPoller(self.urls, self.plugin_logs, self.source, self._lock, self.timeout, self._stop)
         self._num_ticks = 0
         self._ticked = False  # the watch began (every URL answered): there is something to write
         self._num_lost = 0  # servers lost (and not back) at the last tick
-        self._lost_written, self._end = -60.0, None  # monotonic: files last written for a loss; the end
+        self._lost_written = -60.0  # monotonic: when the files were last written for a loss
+        self._end: float | None = None  # monotonic: the end of the watch (None: until stop())
         self._copy: tuple[int, Run] | None = None
         if dashboard:
             from kvscope.widgets.watch_dashboard import WatchDashboard
@@ -137,7 +140,8 @@ class WatchRun(Recording):
             n = self._num_ticks
             if self._copy is None or self._copy[0] != n:
                 live = self._so_far.run()
-                self._copy = (n, WatchedRun(live.records, sorted(live.events, key=lambda e: e.t_ns), self._meta_copy()))
+                events = sorted(live.events, key=lambda e: e.t_ns)
+                self._copy = (n, WatchedRun(live.records, events, self._meta_copy()))
             return self._copy[1]
 
     def _meta_copy(self) -> dict[str, Any]:
@@ -162,7 +166,7 @@ class WatchRun(Recording):
             self.streams.open(self.connect, self.bind, self.replay, self.topic)
         except ValueError as exc:
             raise WatchError(f"KV events: {exc}") from None
-        if not self._first_scrape():
+        if not self.poller.first():
             return
         self.streams.catch_up()
         self.status = RunStatus.RUNNING
@@ -175,27 +179,6 @@ class WatchRun(Recording):
             self._finish()
         finally:
             self.streams.close()
-
-    def _first_scrape(self) -> bool:
-        """Every URL must answer once before the watch begins (one clear error otherwise); ``False`` if the
-        watch was stopped meanwhile."""
-        for i, url in enumerate(self.urls):
-            try:
-                result = scrape(url, self.timeout, self._stop)
-            except ScrapeStopped:
-                return False
-            except ScrapeError as exc:
-                raise WatchError(f"cannot reach {exc}; is the vLLM server running there "
-                                 "(python -m vllm.entrypoints.openai.api_server ...)?") from None
-            if not result.samples:
-                raise WatchError(f"{url} answers, but with no vllm: metrics; is it a vLLM server?")
-            with self._lock:
-                self._on_scrape(i, result)
-        return True
-
-    def _on_scrape(self, i: int, result: Scrape) -> None:
-        self.source.on_scrape(i, result.samples, result.num_malformed, truncated=result.truncated,
-                              engines_dropped=result.num_engines_dropped)
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.interval
@@ -211,34 +194,8 @@ class WatchRun(Recording):
                 continue
             next_tick = max(next_tick + self.interval, now + self.interval / 2)
             if self._running.is_set():
-                self._scrape_all()
+                self.poller.poll(self._end)
                 self._tick()
-
-    def _scrape_all(self) -> None:
-        for i, url in enumerate(self.urls):
-            left = None if self._end is None else self._end - time.monotonic()
-            try:
-                result = scrape(url, self.timeout if left is None else max(min(self.timeout, left), 0.05), self._stop)
-            except ScrapeStopped:
-                return
-            except ScrapeError as exc:
-                if self._end is not None and time.monotonic() >= self._end:
-                    return  # cut off by the end of the watch: no loss
-                with self._lock:
-                    self.source.on_scrape_error(i, str(exc), time.perf_counter_ns())
-                continue
-            with self._lock:
-                self._on_scrape(i, result)
-        self._read_plugins()
-
-    def _read_plugins(self) -> None:
-        for i, log in enumerate(self.plugin_logs):
-            before = log.num_malformed
-            lines = log.read()
-            with self._lock:
-                self.source.faults["plugin_malformed"] += log.num_malformed - before
-                for obj in lines:
-                    self.source.on_plugin(i, obj)
 
     def _tick(self, *, final: bool = False) -> None:
         # servers lost since the last tick (the poll before this tick is what notices a loss)
@@ -248,7 +205,8 @@ class WatchRun(Recording):
             records, events = self.source.tick(time.perf_counter_ns(), layout=final or self.dashboard is not None,
                                                force=final)
             self._update_meta()
-            for item in (*events, *records):
+            items: list[StepRecord | RequestEvent] = [*events, *records]
+            for item in items:
                 self._so_far.add(item)
                 if self.dashboard is not None:
                     self.dashboard.feed.push(item)
@@ -269,7 +227,7 @@ class WatchRun(Recording):
             return
         try:
             self.streams.receive_all()  # what arrived since the last poll still counts
-            self._read_plugins()
+            self.poller.read_plugins()
             self._tick(final=True)
         except Exception as exc:  # the files of what was watched are written all the same
             if self.error is None:

@@ -81,8 +81,9 @@ def _value(run: Run, summary: dict[str, Any], key: str) -> float:
 def _load(item: Run | str | os.PathLike) -> Run:
     if isinstance(item, Run):
         return item
-    if isinstance(getattr(item, "run", None), Run):  # a LiveRun: the run so far, or all of it once over
-        return item.run
+    so_far = getattr(item, "run", None)  # a LiveRun's: the run so far, or all of it once over
+    if isinstance(so_far, Run):
+        return so_far
     if isinstance(item, (str, os.PathLike)):
         return Run.load(item)  # ValueError naming the file: missing, empty, damaged, another tool's
     raise TypeError(f"compare() takes Runs or paths of saved runs, not {type(item).__name__}")
@@ -108,7 +109,7 @@ def unique_labels(labels: Sequence[str]) -> list[str]:
 class Comparison:
     """Runs compared with the first one. ``Comparison(runs, labels)``; ``kvscope.compare`` is the way in."""
 
-    metrics = METRICS
+    metrics: Sequence[Metric] = METRICS
 
     def __init__(self, runs: Sequence[Run], labels: Sequence[str] | None = None,
                  swept: tuple[str, Sequence[Any]] | None = None) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +36,7 @@ from kvscope.telemetry.records import PageEntry, RequestEvent, StepRecord
 from kvscope.telemetry.run_summary import summary as run_summary
 
 if TYPE_CHECKING:
-    from kvscope.engine.engine import Engine
+    from kvscope.engine.protocols import EngineClient
 
 
 class Run:
@@ -75,7 +73,7 @@ class Run:
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def from_engine(cls, engine: Engine) -> Run:
+    def from_engine(cls, engine: EngineClient) -> Run:
         """A snapshot of everything ``engine.recorder`` holds (copies of its lists; a ``kvscope.pd.PDEngine``'s
         gathers its instances' records, ``kvscope.pd.recorder``)."""
         recorder = engine.recorder
@@ -160,7 +158,8 @@ class Run:
 
     # ---- exports -------------------------------------------------------------------------------
     def save_trace(self, path: str | os.PathLike) -> Path:
-        """Perfetto / Chrome trace JSON (open with ``kvscope view PATH --perfetto``, offline); also loadable with ``kvscope.load``."""
+        """Perfetto / Chrome trace JSON (open with ``kvscope view PATH --perfetto``, offline); also loadable with
+        ``kvscope.load``."""
         meta = {**self.meta, "t0_ns": self.t0_ns}  # a hand-made run may lack t0_ns
         return write_trace(path, self.records, self.events, meta, self.profiler_events, self._lanes())
 
@@ -228,38 +227,6 @@ class WatchedRun(Run):
         from kvscope.widgets.watch_report import show
 
         show(self)
-
-
-class RunBuffer:
-    """Step records and request events as they arrive (``add``, from one thread), bounded like the
-    recorder's ring, and ``run()`` (from any thread): a ``Run`` over copies of them, the same object
-    until more has arrived, so its cached DataFrames stay valid. ``meta`` is copied into each."""
-
-    def __init__(self, meta: dict[str, Any], capacity: int = 100_000) -> None:
-        self.meta = meta
-        self._lock = threading.Lock()
-        self._records: deque[StepRecord] = deque(maxlen=capacity)
-        self._events: deque[RequestEvent] = deque(maxlen=4 * capacity)
-        self._num_added = 0
-        self._run: Run | None = None
-        self._run_at = -1  # _num_added when _run was made
-        self.num_steps = 0  # the last record's step + 1
-
-    def add(self, item: StepRecord | RequestEvent) -> None:
-        with self._lock:
-            if isinstance(item, StepRecord):
-                self._records.append(item)
-                self.num_steps = item.step + 1
-            else:
-                self._events.append(item)
-            self._num_added += 1
-
-    def run(self) -> Run:
-        with self._lock:
-            if self._run_at != self._num_added:
-                self._run = Run(list(self._records), list(self._events), dict(self.meta))
-                self._run_at = self._num_added
-            return self._run
 
 
 def load(path: str | os.PathLike) -> Run:

@@ -12,13 +12,14 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvscope.engine.config import EngineConfig
+from kvscope.engine.protocols import EngineClient
 from kvscope.engine.request import SamplingParams
 from kvscope.options.parser import OptionError
-from kvscope.runs.background.status import Outputs
-from kvscope.runs.setup.spec import EngineSpec, RunSpec, SamplingSpec
+from kvscope.runs.setup.outputs import Outputs
+from kvscope.runs.setup.spec import EngineSpec, RunSpec, SamplingSpec, WorkloadSpec
 from kvscope.runs.workload.items import (
     WorkItem,
     iter_synthetic_workload,
@@ -30,11 +31,8 @@ from kvscope.runs.workload.items import (
 )
 from kvscope.utils.files import check_outputs
 
-if TYPE_CHECKING:
-    from kvscope.engine.engine import Engine
-
 LAZY_ABOVE = 10_000  # synthetic requests made one at a time as they are submitted (a simulation of 10**6)
-Workload = list[WorkItem] | Callable[["Engine"], Iterable[WorkItem]]
+Workload = list[WorkItem] | Callable[[EngineClient], Iterable[WorkItem]]
 
 
 @dataclass(slots=True)
@@ -48,7 +46,7 @@ class RunSetup:
     spec: RunSpec
     notes: list[str] = field(default_factory=list)  # what the face should say before the run (lines skipped)
 
-    def make_engine(self) -> Engine:
+    def make_engine(self) -> EngineClient:
         if self.spec.engine.pd is not None:  # instances in their own processes (kvscope.pd)
             from kvscope.pd.engine import PDEngine
 
@@ -72,9 +70,10 @@ def prepare(spec: RunSpec) -> RunSetup:
     check_run_outputs(spec)  # first: no output may be an input, whatever else fails
     model = check_model(spec.model)
     engine = spec.engine
-    draft = (engine.speculative or {}).get("model")
+    speculative = engine.speculative or {}
+    draft = speculative.get("model")
     if draft:  # a draft model: refused like the model, before loading
-        engine = replace(engine, speculative={**engine.speculative, "model": check_model(draft)})
+        engine = replace(engine, speculative={**speculative, "model": check_model(draft)})
     config = engine_config(engine)
     params = sampling_params(spec.sampling)
     notes: list[str] = []
@@ -126,10 +125,11 @@ def check_model(name: str) -> str:
 
 def engine_config(engine: EngineSpec) -> EngineConfig:
     """The engine's configuration from the options (the engine's defaults for those not given)."""
-    given = {"block_size": engine.block_size, "num_blocks": engine.num_blocks, "kv_cache_memory": engine.kv_memory,
-             "max_num_batched_tokens": engine.max_num_batched_tokens, "max_num_seqs": engine.max_num_seqs,
-             "max_model_len": engine.max_model_len, "enable_prefix_caching": engine.prefix_caching,
-             "speculative_config": engine.speculative}
+    given: dict[str, Any] = {  # EngineConfig's field -> the option's value (EngineConfig checks each)
+        "block_size": engine.block_size, "num_blocks": engine.num_blocks, "kv_cache_memory": engine.kv_memory,
+        "max_num_batched_tokens": engine.max_num_batched_tokens, "max_num_seqs": engine.max_num_seqs,
+        "max_model_len": engine.max_model_len, "enable_prefix_caching": engine.prefix_caching,
+        "speculative_config": engine.speculative}
     try:
         return EngineConfig(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
@@ -148,11 +148,11 @@ def workload(run: RunSpec, params: SamplingParams, notes: list[str] | None = Non
     """Work items from the cell or ``--prompts``, else a function of the engine that makes synthetic ones
     (they need its vocabulary). ``notes`` receives a line on the blank lines a prompts file had."""
     spec, seed = run.workload, run.sampling.seed
-    if spec.cell is not None or spec.prompts:
-        try:
-            blank: list[int] = []
-            lines = numbered_prompts(spec.cell) if spec.cell is not None else read_prompt_lines(spec.prompts, blank)
-            where = "the cell" if spec.cell is not None else Path(spec.prompts).name
+    blank: list[int] = []
+    try:
+        given = _given_prompts(spec, blank)
+        if given is not None:
+            lines, where = given
             if blank and notes is not None:
                 shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
                 notes.append(f"kvscope: {where}: skipped {len(blank)} blank line{'s' * (len(blank) > 1)} "
@@ -161,10 +161,10 @@ def workload(run: RunSpec, params: SamplingParams, notes: list[str] | None = Non
                                      params=params, ignore_eos=spec.ignore_eos,
                                      sources=[f"line {n} of {where}" for n, _ in lines], chat=spec.chat_template)
             return with_arrivals(items, spec.rate, spec.arrival, seed)
-        except ValueError as exc:
-            raise OptionError(str(exc)) from None
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
-    def synthetic(engine: Engine) -> Iterable[WorkItem]:
+    def synthetic(engine: EngineClient) -> Iterable[WorkItem]:
         special = set(engine.eos_token_ids)
         if engine.tokenizer is not None:
             special |= set(engine.tokenizer.all_special_ids)
@@ -175,3 +175,13 @@ def workload(run: RunSpec, params: SamplingParams, notes: list[str] | None = Non
         return with_arrivals(items, spec.rate, spec.arrival, seed)
 
     return synthetic
+
+
+def _given_prompts(spec: WorkloadSpec, blank: list[int]) -> tuple[list[tuple[int, str]], str] | None:
+    """The numbered prompts of the cell or of ``--prompts`` (its blank lines' numbers into ``blank``) and where
+    they came from; ``None`` when neither was given (synthetic prompts)."""
+    if spec.cell is not None:
+        return numbered_prompts(spec.cell), "the cell"
+    if spec.prompts:
+        return read_prompt_lines(spec.prompts, blank), Path(spec.prompts).name
+    return None

@@ -16,11 +16,16 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from kvscope.engine.config import EngineConfig
+from kvscope.engine.engine import Engine
+from kvscope.engine.protocols import EngineClient
 from kvscope.options.parser import OptionError
 from kvscope.pd.sim_engine import SimLink, SimPDEngine
+from kvscope.planning.gpus import find_gpu
 from kvscope.runs.setup.prepare import (
     LAZY_ABOVE,
     RunSetup,
@@ -30,14 +35,17 @@ from kvscope.runs.setup.prepare import (
     workload,
 )
 from kvscope.runs.setup.spec import RunSpec
-from kvscope.runs.workload.items import iter_arrival_times, parse_arrival, with_arrivals
+from kvscope.runs.workload.items import WorkItem, iter_arrival_times, parse_arrival, with_arrivals
 from kvscope.runs.workload.recorded import replay_workload
 from kvscope.sim.build import simulated_engine
 from kvscope.sim.calibrate import fit_step_model
-from kvscope.sim.roofline import RooflineModel, find_gpu
+from kvscope.sim.roofline import RooflineModel
 from kvscope.sim.shape import SimShape, resolve_shape, shape_of_run
-from kvscope.sim.step_model import load_step_model
+from kvscope.sim.step_model import StepTimeModel, load_step_model
 from kvscope.utils.clock import VirtualClock
+
+if TYPE_CHECKING:
+    from kvscope.runs.result.run import Run
 
 GiB = 1 << 30
 ACTIVATION_RESERVE = 4 * GiB  # the course's 40 GB - 14 - 4: what a GPU plan keeps for activations
@@ -55,12 +63,12 @@ class SimSpec:
     kv_latency: float | None = None  # --pd: seconds added to every transfer (default SimLink's)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SimSetup(RunSetup):
     """A ``RunSetup`` whose engine is simulated (``make_engine`` builds no model)."""
 
-    shape: SimShape | None = None
-    step_model: Any = None
+    shape: SimShape
+    step_model: StepTimeModel
     kv_budget: int | None = None
     sim_meta: dict[str, Any] | None = None
     acceptance_rate: float | None = None
@@ -71,7 +79,7 @@ class SimSetup(RunSetup):
         many = (self.spec.workload.requests or 0) > LAZY_ABOVE
         return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests}
 
-    def make_engine(self):
+    def make_engine(self) -> EngineClient:
         if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.pd.sim_engine)
             return SimPDEngine(self._instance, self.spec.engine.pd, self.link, arrivals_s=self._arrivals())
         return simulated_engine(self.shape, self.config, self.step_model, kv_budget=self.kv_budget,
@@ -84,7 +92,7 @@ class SimSetup(RunSetup):
         w = self.spec.workload  # synthetic requests, made when the engine exists: the same times as theirs
         return iter_arrival_times(w.rate, parse_arrival(w.arrival), self.spec.sampling.seed) if w.rate else ()
 
-    def _instance(self, name: str, clock: VirtualClock):
+    def _instance(self, name: str, clock: VirtualClock) -> Engine:
         """One instance of a simulated P/D engine: its own pool (a GPU's budget each) on the shared clock."""
         meta = {**(self.sim_meta or {}), "pd": {"layout": self.spec.engine.pd, "instance": name,
                                                   **(self.link or SimLink()).to_json()}}
@@ -105,7 +113,7 @@ def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
     link = _link(spec, sim)
     try:
         recorded = _load_replay(sim.replay) if sim.replay else None
-        default_dtype = _torch_dtype("bfloat16") if sim.gpu else _torch_dtype("float32")
+        default_dtype = torch.bfloat16 if sim.gpu else torch.float32
         shape = shape_of_run(recorded.meta) if recorded is not None and spec.model == "tiny" else \
             resolve_shape(spec.model, sim.dtype, default_dtype=default_dtype)
         step_model, how = _step_model(sim, shape, recorded)
@@ -142,7 +150,7 @@ def _link(spec: RunSpec, sim: SimSpec) -> SimLink | None:
                    default.latency_s if sim.kv_latency is None else sim.kv_latency)
 
 
-def _replayed(recorded, spec: RunSpec) -> list:
+def _replayed(recorded: Run, spec: RunSpec) -> list[WorkItem]:
     """The recorded run's requests; with ``--rate``, re-timed at that rate (the same requests, more or less
     traffic). Other workload options would be ignored, so they are refused."""
     w = spec.workload
@@ -156,13 +164,7 @@ def _replayed(recorded, spec: RunSpec) -> list:
     return with_arrivals(items, w.rate, w.arrival, spec.sampling.seed) if w.rate is not None else items
 
 
-def _torch_dtype(name: str):
-    from kvscope.sim.shape import dtype_of
-
-    return dtype_of(name, None)
-
-
-def _load_replay(path: str):
+def _load_replay(path: str) -> Run:
     from kvscope.runs.result.run import load
 
     try:
@@ -171,7 +173,7 @@ def _load_replay(path: str):
         raise ValueError(f"cannot replay {path!r}: {exc}") from None
 
 
-def _step_model(sim: SimSpec, shape: SimShape, recorded) -> tuple[Any, str]:
+def _step_model(sim: SimSpec, shape: SimShape, recorded: Run | None) -> tuple[StepTimeModel, str]:
     """The step-time model and where it came from."""
     if sim.step_model and sim.gpu:
         raise ValueError("give --step-model or --gpu, not both")

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvscope.options.parser import OptionError
 
@@ -95,7 +95,7 @@ class RunSpec:
         namespace lacks keep their defaults."""
         values = {k: _typed(k, v) for k, v in vars(args).items()}
         if outputs is None:
-            outputs = OutputSpec(**{kind: values.get(kind) for kind in OUTPUT_KINDS})
+            outputs = OutputSpec(trace=values.get("trace"), metrics=values.get("metrics"), html=values.get("html"))
         top = {k: values[k] for k in ("model", "step_delay", "capture_slow") if values.get(k) is not None}
         return cls(workload=_part(WorkloadSpec, {**values, "cell": cell}), sampling=_part(SamplingSpec, values),
                    engine=_part(EngineSpec, values), outputs=outputs,
@@ -134,7 +134,11 @@ class RunSpec:
             raise OptionError(f"--arrival {w.arrival} needs --rate (requests per second)")
 
 
-_FIELDS = {cls: {f.name for f in fields(cls)} for cls in (WorkloadSpec, SamplingSpec, EngineSpec)}
+_FIELDS: dict[type, set[str]] = {cls: {f.name for f in fields(cls)}
+                                 for cls in (WorkloadSpec, SamplingSpec, EngineSpec)}
+
+
+_Part = TypeVar("_Part", WorkloadSpec, SamplingSpec, EngineSpec)
 
 
 def _typed(name: str, value: Any) -> Any:
@@ -144,5 +148,5 @@ def _typed(name: str, value: Any) -> Any:
     return value
 
 
-def _part(cls: type, values: dict[str, Any]) -> Any:
+def _part(cls: type[_Part], values: dict[str, Any]) -> _Part:
     return cls(**{name: values[name] for name in _FIELDS[cls] if values.get(name) is not None})

@@ -35,7 +35,7 @@ class Draws:
 
     __slots__ = ("_bits", "_index", "_n", "_population", "_pos", "_words")
 
-    def __init__(self, seed: object, population: Sequence[int]) -> None:
+    def __init__(self, seed: int | None, population: Sequence[int]) -> None:
         state = random.Random(seed).getstate()[1]  # 624 words of state, then the position in them
         self._bits = np.random.MT19937()
         self._bits.state = {"bit_generator": "MT19937",

@@ -21,6 +21,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import overload
 
 from kvscope.engine.generate import chat_prompt_ids
 from kvscope.engine.request import SamplingParams
@@ -234,6 +235,16 @@ def arrival_times(n: int, rate: float, cv: float = 1.0, seed: int = 0) -> list[f
     """The first ``n`` of ``iter_arrival_times``."""
     times = iter_arrival_times(rate, cv, seed)
     return [next(times) for _ in range(n)]
+
+
+@overload
+def with_arrivals(items: list[WorkItem], rate: float | None, arrival: str = "poisson",
+                  seed: int = 0) -> list[WorkItem]: ...
+
+
+@overload
+def with_arrivals(items: Iterable[WorkItem], rate: float | None, arrival: str = "poisson",
+                  seed: int = 0) -> Iterable[WorkItem]: ...
 
 
 def with_arrivals(items: Iterable[WorkItem], rate: float | None, arrival: str = "poisson",

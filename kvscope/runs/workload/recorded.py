@@ -2,8 +2,9 @@
 
 Each request of the run comes back as a ``WorkItem``: its prompt's token ids (recorded with its ``queued``
 event), its output length (the tokens it got, reached exactly: EOS ignored) and its arrival time (its
-``queued`` moment, from the first one; those queued before the first step began arrive at 0). So the prefix cache sees the same prompts, under any block size,
-and a replay of a run that had all its requests at once has them all at once again.
+``queued`` moment, from the first one; those queued before the first step began arrive at 0). So the prefix
+cache sees the same prompts, under any block size, and a replay of a run that had all its requests at once has
+them all at once again.
 """
 
 from __future__ import annotations

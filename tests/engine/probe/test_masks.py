@@ -29,8 +29,9 @@ def test_names_causal_windows_and_chunks_with_their_sizes():
 
 def test_first_visible_matches_the_mask_function():
     pos = torch.arange(100)
+    chunked = mu.chunked_causal_mask_function(8, torch.zeros(1, dtype=torch.long))
     for pattern, fn in [(MaskPattern(window=5), mu.sliding_window_causal_mask_function(5)),
-                        (MaskPattern(chunk=8), mu.chunked_causal_mask_function(8, torch.zeros(1, dtype=torch.long)))]:  # fmt: skip
+                        (MaskPattern(chunk=8), chunked)]:
         lo = pattern.first_visible(pos)
         zero = torch.zeros((), dtype=torch.long)
         inside = lo > 0  # where a key before lo exists, the mask hides it

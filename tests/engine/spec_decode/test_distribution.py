@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from kvscope import Engine, SamplingParams
-from kvscope.engine.spec_decode import rejection
 from kvscope.engine.spec_decode.draft_model import early_exit_draft
+from kvscope.engine.worker import rejection
 from kvscope.models.loader import build_tiny_model
 
 V, N, TOKENS = 16, 3000, 4

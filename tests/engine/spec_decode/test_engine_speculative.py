@@ -125,7 +125,8 @@ def test_chunked_prefill_preemption_and_abort_under_speculation():
         if i != 3:
             assert got[rid] == expected[i], i
     run = Run.from_engine(engine)
-    assert any(item.kind == "prefill" and item.num_tokens < len(prompts[0]) for r in run.records for item in r.scheduled)
+    assert any(item.kind == "prefill" and item.num_tokens < len(prompts[0])
+               for r in run.records for item in r.scheduled)
     assert run.summary()["spec_num_draft_tokens"] > 0
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 

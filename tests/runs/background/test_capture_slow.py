@@ -5,10 +5,10 @@ combinations that cannot work are refused in one line."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
+from slow_forward import slow_once
 
 import kvscope
 from kvscope import Engine
@@ -41,19 +41,6 @@ def test_what_cannot_capture_is_refused():
         parse("--pd 1P1D --capture-slow 3").check()
     with pytest.raises(OptionError, match="no kernels to profile: leave --capture-slow out"):
         prepare_simulation(parse("--capture-slow 3"), SimSpec())
-
-
-def slow_once(engine: Engine, at: int, seconds: float) -> Engine:
-    forward, calls = engine.runner.forward, [0]
-
-    def forward_once_slow(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == at:
-            time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    engine.runner.forward = forward_once_slow
-    return engine
 
 
 def test_a_live_run_records_its_windows_and_reports_them(tmp_path):

@@ -32,7 +32,7 @@ def test_runs_in_the_background_and_finishes(tmp_path):
     assert run.wait(timeout=60) is run
     assert run.status is RunStatus.FINISHED and run.error is None
     outputs = run.outputs
-    assert [o.request_id for o in outputs] == [f"{r.request_id}" for r in run._requests]
+    assert [o.request_id for o in outputs] == [f"{r.request_id}" for r in run._submitter.requests]
     assert all(o.finish_reason == "length" and len(o.token_ids) >= 8 for o in outputs)
     assert len(run.requests) == 6 and len(run.steps) == run.step > 0
     assert set(run.files.written) == {"trace", "metrics", "html"} and not run.files.errors
@@ -172,7 +172,7 @@ def test_a_live_run_has_a_run_whose_lists_never_change_under_it():
 
 
 def test_the_run_buffer_is_bounded_and_hands_out_the_same_run_until_more_arrives():
-    from kvscope.runs.result.run import RunBuffer
+    from kvscope.runs.result.buffer import RunBuffer
 
     done = LiveRun(_engine(), _items(2, (10, 10)), dashboard=False).start().wait(timeout=60)
     buffer = RunBuffer({"model": "tiny"}, capacity=4)

@@ -88,7 +88,8 @@ def test_a_watch_from_start_to_files(server, endpoint, tmp_path):
     run.wait(30)
     assert run.status == RunStatus.STOPPED and run.error is None
     s = run.summary()
-    assert (s["prompt_tokens"], s["generation_tokens"], s["prefix_cache_hit_tokens"], s["preemptions"]) == (192, 24, 64, 0)
+    assert (s["prompt_tokens"], s["generation_tokens"], s["prefix_cache_hit_tokens"],
+            s["preemptions"]) == (192, 24, 64, 0)
     assert (s["kv_blocks_stored"], s["kv_blocks_evicted"], s["kv_blocks_resident"]) == (7, 1, 6)
     assert list(s["engines"]) == [f"127.0.0.1:{server.port}/0"] and s["output_tokens"] == 24
     assert running["kv_blocks_stored"] == 7 and 0.02 < s["ttft_p50_s_estimate"] <= 0.04

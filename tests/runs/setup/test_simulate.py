@@ -10,8 +10,8 @@ from kvscope.runs.workload.items import synthetic_workload
 
 
 def test_a_replay_at_another_rate_keeps_the_requests_and_retimes_them(tmp_path):
-    live = LiveRun(Engine("tiny", num_blocks=64, max_num_seqs=4), synthetic_workload(12, (8, 32), (12, 20), vocab_size=512, seed=2,
-                                                                    exclude_ids=(0, 1, 2)), dashboard=False)
+    items = synthetic_workload(12, (8, 32), (12, 20), vocab_size=512, seed=2, exclude_ids=(0, 1, 2))
+    live = LiveRun(Engine("tiny", num_blocks=64, max_num_seqs=4), items, dashboard=False)
     live.start().wait()
     path = live.run.save_metrics(tmp_path / "r.metrics.jsonl")
     setup = prepare_simulation(RunSpec(workload=WorkloadSpec(rate=4.0)), SimSpec(replay=str(path)))

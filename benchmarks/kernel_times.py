@@ -1,8 +1,8 @@
 """Kernel benchmark: Triton store_kv and paged attention against torch, as a share of memory bandwidth.
 
-    python benchmarks/kernels.py            # decode, batch 1..64 x context 1k..32k (a few minutes)
-    python benchmarks/kernels.py --quick    # a tiny grid
-    python benchmarks/kernels.py --peak-gbs 3350   # when the GPU is not in the table below
+    python benchmarks/kernel_times.py            # decode, batch 1..64 x context 1k..32k (a few minutes)
+    python benchmarks/kernel_times.py --quick    # a tiny grid
+    python benchmarks/kernel_times.py --peak-gbs 3350   # when the GPU is not in the table below
 
 Decode attention is memory-bound, so each implementation is scored by the bytes a single pass must move
 (K and V of every context token, the queries, the output and the block tables) divided by its time,

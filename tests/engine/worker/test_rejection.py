@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from kvscope.engine.request import Request, SamplingParams
-from kvscope.engine.spec_decode import rejection
-from kvscope.engine.spec_decode.rejection import accept_greedy, accept_sampled, verify
+from kvscope.engine.worker import rejection
+from kvscope.engine.worker.rejection import accept_greedy, accept_sampled, verify
 
 V = 6
 P = torch.tensor([[0.40, 0.25, 0.15, 0.10, 0.06, 0.04], [0.05, 0.05, 0.10, 0.20, 0.25, 0.35],

@@ -1,53 +1,90 @@
-"""``StepFeatures``: what a step-time model sees of a step, read the same way from a recorded step and
-from a step the scheduler is about to run, so a model fitted on records predicts simulated steps.
+"""``StepFeatures``: what a step-time model sees of a step, read the same way from a recorded step and from a
+step the scheduler is about to run, so a model fitted on records predicts simulated steps; and the two
+*phases* every step-time model keeps apart (``phase_of``): steps with a prefill chunk and decode-only steps.
 
-- ``prefill_tokens`` / ``decode_tokens``: tokens computed (prompt chunks and recomputes / one per decode);
-- ``num_seqs``: requests in the batch;
-- ``context_tokens``: K/V tokens attention reads, summed over the batch (each request's context after the
-  step);
-- ``prefill_attention``: sum over prefill chunks of chunk tokens x context (the quadratic part of a prefill);
-- ``blocks``: KV blocks the batch's block tables cover (``ceil(context / block_size)`` per request);
-- ``decode_context``: the context of the decoding requests only (what decode attention reads).
+This is the one reader of a step's features. kvscope's step-time models are one family over it: a line per
+phase in these features, fitted two ways for two uses (their module docs say why):
+
+- ``kvscope.telemetry.step_baseline.OnlineStepModel``: the run's own pace, learnt step by step (the
+  slow-step rule of ``--capture-slow`` and the report);
+- ``kvscope.sim.step_model.LinearStepModel``: fitted on a whole recorded run by ``kvscope calibrate``, to
+  time a simulation (``kvscope.sim.roofline.RooflineModel`` reads the same features from a data sheet).
+
+It lives in telemetry, the lowest layer that reads ``StepRecord`` and that both the online baseline (in
+telemetry) and the simulator may import. A step about to run is read through ``ScheduledBatch`` (the fields of
+the engine's ``SchedulerOutput`` that it reads), so this module imports nothing of the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
+from typing import Protocol
 
-from kvscope.engine.core.output import SchedulerOutput
 from kvscope.telemetry.records import StepRecord
 
 FEATURE_NAMES = ("prefill_tokens", "decode_tokens", "num_seqs", "context_tokens", "prefill_attention", "blocks",
                  "decode_context")
+PHASES = ("prefill", "decode")
+
+
+class _Scheduled(Protocol):
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+
+class ScheduledBatch(Protocol):
+    """A step about to run (``kvscope.engine.core.output.SchedulerOutput``): ``requests[i]`` gets
+    ``num_tokens[i]`` new tokens, and decodes when ``is_decode[i]``."""
+
+    @property
+    def requests(self) -> Sequence[_Scheduled]: ...
+
+    @property
+    def num_tokens(self) -> list[int]: ...
+
+    @property
+    def is_decode(self) -> list[bool]: ...
 
 
 @dataclass(slots=True)
 class StepFeatures:
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    num_seqs: int = 0
-    context_tokens: int = 0
-    prefill_attention: int = 0
-    blocks: int = 0
-    decode_context: int = 0
+    prefill_tokens: int = 0  # tokens computed for prompt chunks and recomputes
+    decode_tokens: int = 0  # tokens computed for decodes: one each (more with drafts)
+    num_seqs: int = 0  # requests in the batch
+    context_tokens: int = 0  # K/V tokens attention reads, summed over the batch (each one's context after the step)
+    prefill_attention: int = 0  # sum over the prefill chunks of chunk tokens x context: a prefill's quadratic part
+    blocks: int = 0  # KV blocks the batch's block tables cover (ceil(context / block_size) each)
+    decode_context: int = 0  # the context of the decoding requests only (what decode attention reads)
 
     def values(self) -> tuple[int, ...]:
         return astuple(self)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed in the step (``StepRecord.num_tokens``)."""
+        return self.prefill_tokens + self.decode_tokens
+
+    @classmethod
+    def of_counts(cls, record: StepRecord) -> StepFeatures:
+        """The features a record's counts give, in O(1): tokens and requests, no context (all that a watched
+        vLLM's plugin reports of its iteration)."""
+        return cls(prefill_tokens=record.num_prefill_tokens, decode_tokens=record.num_decode_tokens,
+                   num_seqs=record.num_prefill_seqs + record.num_decode_seqs)
+
     @classmethod
     def of_record(cls, record: StepRecord, block_size: int) -> StepFeatures:
         """The features of a recorded step: from its scheduled items, or, for a step of a watched vLLM (whose
-        plugin reports only its iteration's counts), from its token and request counts (no context)."""
+        plugin reports only its iteration's counts), from its token and request counts (``of_counts``)."""
+        if not record.scheduled:
+            return cls.of_counts(record)
         f = cls()
         for item in record.scheduled:
             f._add(item.kind == "decode", item.num_tokens, item.context_len, block_size)
-        if not record.scheduled:
-            f.prefill_tokens, f.decode_tokens = record.num_prefill_tokens, record.num_decode_tokens
-            f.num_seqs = record.num_prefill_seqs + record.num_decode_seqs
         return f
 
     @classmethod
-    def of_schedule(cls, sched: SchedulerOutput, block_size: int) -> StepFeatures:
+    def of_schedule(cls, sched: ScheduledBatch, block_size: int) -> StepFeatures:
         """The features of a step about to run (``context``: computed tokens plus this step's)."""
         requests, num_tokens, is_decode = sched.requests, sched.num_tokens, sched.is_decode
         k = min(len(requests), len(num_tokens), len(is_decode))
@@ -82,19 +119,22 @@ class StepFeatures:
         f.decode_tokens, f.decode_context = total - f.prefill_tokens, f.context_tokens - prefill_context
         return f
 
-    def _add_tokens(self, is_decode: bool, n: int, context: int) -> None:
+    def _add(self, is_decode: bool, n: int, context: int, block_size: int) -> None:
+        """One scheduled request of ``n`` tokens whose context after the step is ``context``."""
         if is_decode:
             self.decode_tokens += n
             self.decode_context += context
         else:
             self.prefill_tokens += n
             self.prefill_attention += n * context
-
-    def _add(self, is_decode: bool, n: int, context: int, block_size: int) -> None:
-        self._add_tokens(is_decode, n, context)
         self.num_seqs += 1
         self.context_tokens += context
         self.blocks += -(-context // block_size)
+
+
+def phase_of(f: StepFeatures) -> str:
+    """``"prefill"`` for a step with a prefill chunk (mixed steps too), else ``"decode"``."""
+    return "prefill" if f.prefill_tokens else "decode"
 
 
 def prefill_indices(is_decode: list[bool]) -> list[int]:
