@@ -11,14 +11,8 @@ from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
 from kvscope.options.run import block_size, positive_int
 from kvscope.options.values import memory_size, nonneg_memory_size
-from kvscope.planning.planner import (
-    KNOWN_MODELS,
-    ModelShape,
-    known_shape,
-    make_plan,
-    render,
-    shape_from_config,
-)
+from kvscope.planning.planner import make_plan, render
+from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape, shape_from_config
 
 EPILOG_PLAN = """\
 the formula (what the KV cache holds for every token of every running request):

@@ -4,8 +4,6 @@ and its window is kept in ``artifacts/report_slow_steps.png`` for people to look
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from test_report_browser import FIGURE_BOX_JS, LAYOUT_JS
 from widget_util import COUNT_VIEWS_JS
@@ -19,20 +17,13 @@ SCROLL_TO_JS = """(title) => [...Bokeh.index.all_views()]
 @pytest.fixture(scope="module")
 def captured_report(tmp_path_factory):
     """A tiny-model run whose 40th forward sleeps 150 ms, with ``--capture-slow 3``; its report."""
+    from slow_forward import slow_once
+
     from kvscope import Engine
     from kvscope.runs.background.live import LiveRun
     from kvscope.runs.workload.items import synthetic_workload
 
-    engine = Engine("tiny", num_blocks=64)
-    forward, calls = engine.runner.forward, [0]
-
-    def forward_once_slow(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 40:
-            time.sleep(0.15)
-        return forward(*args, **kwargs)
-
-    engine.runner.forward = forward_once_slow
+    engine = slow_once(Engine("tiny", num_blocks=64), at=40, seconds=0.15)
     items = synthetic_workload(4, (8, 32), (60, 60), vocab_size=512, exclude_ids=[0, 1, 2], seed=5)
     run = LiveRun(engine, items, capture_slow=(3, 4), dashboard=False).start().wait(timeout=120)
     assert run.error is None and run.meta["capture_slow"]["num_triggered"] >= 1

@@ -33,6 +33,8 @@ and training mode are then restored. On success the model is left set to the "kv
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kvscope.engine.config import LayerSpec, max_positions
@@ -51,7 +53,8 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
     ``max_len``: the engine's max_model_len (default: the model's positions); ``max_batch_tokens``: its
     max_num_batched_tokens. Raises ``UnsupportedModelError`` (model untouched) or leaves the model on the
     "kvscope" attention."""
-    config = model.config
+    hf: Any = model  # a transformers PreTrainedModel; to the type checker an nn.Module, whose attributes are Tensors
+    config = hf.config
     model_type = getattr(config, "model_type", None) or type(model).__name__
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     _check_config(text, model_type, max(max_len or max_positions(text), max_batch_tokens or 0))
@@ -64,7 +67,7 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
     try:
         model.eval()
         try:
-            model.set_attn_implementation(PROBE_MASK_NAME)
+            hf.set_attn_implementation(PROBE_MASK_NAME)
         except Exception as exc:
             raise UnsupportedModelError(model_type,
                                         f"it does not take a custom attention implementation ({exc})") from None
@@ -79,7 +82,7 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
             layers = tuple(call.spec for call in first.calls)
             _check_repeats(first)
             _check_cache(model, first, layers)
-            model.set_attn_implementation(PROBE_NAME)
+            hf.set_attn_implementation(PROBE_NAME)
             passes = [ProbePass(model_type, max_len, "separate") for _ in range(3)]
             ab = forward(model, passes[0], [a, b], [0, 0])
             cb = forward(model, passes[1], [c, b], [0, 0])
@@ -87,7 +90,7 @@ def probe_model(model: torch.nn.Module, max_len: int | None = None, max_batch_to
             _check_dense(model, first, layers, saved_impl, vocab)
         tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 3e-2
         _check_separate(first, passes, (ab, cb, alone), tol)
-        model.set_attn_implementation(attention.ATTN_NAME)
+        hf.set_attn_implementation(attention.ATTN_NAME)
     except BaseException:
         _restore(model, saved_impl, saved_training)
         raise
