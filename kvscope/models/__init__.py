@@ -1,7 +1,7 @@
-"""Models: loading them (embedded tiny models, SmolLM2, local folders), checking a folder before loading it,
-reading a model's ``config.json``, and the zoo of tiny random models of every registered causal-LM type (the probe
-that measures each attention layer at ``Engine()`` is the engine's: ``kvscope.engine.probe``). This package never
-imports the engine.
+"""Models: loading them (``loader.py``: embedded tiny models, SmolLM2, local folders), checking a folder before
+loading it (``folder.py``), reading a model's ``config.json`` (``hf_config.py``), and the zoo of tiny random models
+of every registered causal-LM type (``zoo.py``; the probe that measures each attention layer at ``Engine()`` is
+the engine's: ``kvscope.engine.probe``). This package never imports the engine.
 
 ``kvscope.models.load_model`` / ``build_tiny_model`` / ``build_tiny_tokenizer`` / ``tiny_config`` /
 ``smollm2_path`` are the public names; they are imported on first use, so that reading a config or checking a

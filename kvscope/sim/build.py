@@ -1,10 +1,11 @@
 """``simulated_engine``: an ``Engine`` whose worker is the model-free ``SimWorker`` on a virtual clock.
 
-The scheduler, KV cache manager and block pool are built exactly as ``Engine()`` builds them
-(``engine/build.py``); only the worker differs, so the schedule, the preemptions and the prefix-cache
-hits are the real engine's. Nothing loads or builds a model. The pool is sized like ``Engine()`` sizes
-it: ``num_blocks``, else ``kv_cache_memory`` bytes, else what the KV budget of a GPU plan leaves
-(``kvscope.planning``), else the CPU default.
+The engine's own scheduler, KV cache manager and block pool, built here with this module's code (as
+``engine/build.py`` builds them for ``Engine()``, with one KV cache group: ``sim/shape.py`` refuses sliding-window
+models); only the worker differs, so the schedule, the preemptions and the prefix-cache hits are the real engine's.
+Nothing loads or builds a model. The pool is sized here too (``pool_blocks``), in the order ``Engine()`` follows:
+``num_blocks``, else ``kv_cache_memory`` bytes, else what the KV budget of a GPU plan leaves (``kvscope.planning``),
+else the CPU default.
 """
 
 from __future__ import annotations

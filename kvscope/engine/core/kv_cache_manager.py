@@ -77,12 +77,14 @@ class KVCacheManager:
     def slots_ready(self, request: Request, num_new_tokens: int) -> bool:
         """True when ``allocate_slots(request, num_new_tokens)`` would change nothing: a running request
         of a one-group, full-attention model whose table already holds the new slots and none of whose
-        blocks became full (most decode steps). False means: call it. ``Scheduler._schedule_running``
-        writes this out."""
+        blocks became full (most decode steps). False means: call it. The scheduler asks once per running
+        request per step: its hot path, written without ``bool()`` or ``min()`` calls."""
         computed, bs = request.num_computed_tokens, self.block_size
         end = computed + num_new_tokens
-        return bool(self._one_full_group and computed and end <= len(request.block_ids) * bs
-                    and min(end, len(request.all_token_ids)) // bs <= self._num_offered.get(request.request_id, 0))
+        if not (computed and self._one_full_group and end <= len(request.block_ids) * bs):
+            return False
+        num_tokens = len(request.all_token_ids)  # fewer than end where drafts follow
+        return (end if end < num_tokens else num_tokens) // bs <= self._num_offered.get(request.request_id, 0)
 
     def begin_step(self) -> None:
         """A new step is being scheduled: the previous one's forward pass succeeded, keep its blocks."""

@@ -1,4 +1,5 @@
-"""Speculative decoding: n-gram (prompt lookup) and draft-model proposers, verified by rejection sampling
+"""Speculative decoding: n-gram (prompt lookup, ``ngram.py``) and draft-model (``draft_model.py``) proposers,
+configured by ``SpeculativeConfig`` (``config.py``) and verified by rejection sampling
 (``kvscope.engine.worker.rejection``) in the target's one forward pass per step (see ``speculator.py`` for how a
 step uses them)."""
 

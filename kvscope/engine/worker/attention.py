@@ -33,6 +33,7 @@ from transformers import AttentionInterface
 from kvscope.engine.config import LayerSpec
 from kvscope.kernels.backend import KernelBackend
 from kvscope.kernels.torch_paged import AttentionPlan
+from kvscope.utils.thread_scope import thread_value
 
 ATTN_NAME = "kvscope"
 _local = threading.local()
@@ -73,12 +74,8 @@ class AttentionMetadata:
 @contextlib.contextmanager
 def use_metadata(meta: AttentionMetadata) -> Iterator[AttentionMetadata]:
     """Make ``meta`` the metadata of every kvscope attention call on this thread, for the ``with``."""
-    previous = getattr(_local, "meta", None)
-    _local.meta = meta
-    try:
+    with thread_value(_local, "meta", meta):
         yield meta
-    finally:
-        _local.meta = previous
 
 
 def sink_logits(sinks: torch.Tensor, num_tokens: int, num_heads: int) -> torch.Tensor | None:

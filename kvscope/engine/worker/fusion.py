@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from kvscope.engine.config import LINEAR_BACKENDS
+from kvscope.utils.thread_scope import thread_value
 
 # Linears of one module that read the same input and can share one GEMM.
 MERGE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -143,14 +144,12 @@ class FusedLinears:
     @contextlib.contextmanager
     def active(self) -> Iterator[FusedLinears]:
         """Route this thread's calls of the prepared linears to their GEMMs, for the ``with``."""
-        previous = getattr(_local, "fused", None)
-        _local.fused = self
-        try:
-            yield self
-        finally:
-            _local.fused = previous
-            for group, _ in self.members.values():  # nothing held past the forward pass
-                group.x, group.outs = None, ()
+        with thread_value(_local, "fused", self):
+            try:
+                yield self
+            finally:
+                for group, _ in self.members.values():  # nothing held past the forward pass
+                    group.x, group.outs = None, ()
 
 
 def _mergeable(linears: list[Any]) -> TypeGuard[list[torch.nn.Linear]]:

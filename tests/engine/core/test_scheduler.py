@@ -210,3 +210,59 @@ def test_written_out_paths_schedule_and_emit_exactly_as_the_general_path():
         assert fast[0] == general[0] and fast[1] == general[1]
         assert any(step[1] for step in fast[0]) and any(kind == "hit" for kind, _ in fast[1])  # preempted, hits
         assert fast[2] < general[2]
+
+
+def test_a_request_that_preempts_itself_ends_the_running_loop():
+    """The running requests a step schedules are the first ones of ``running``: when the last one needs a block and
+    nobody after it is left to preempt, it is preempted itself and the step keeps the ones before it."""
+    sched, pool = make(num_blocks=4, block_size=4, budget=64, enable_prefix_caching=False)
+    a, b = req("a", 7, first=100), req("b", 8, first=200)
+    sched.add_request(a)
+    sched.add_request(b)
+    fake_step(sched, sched.schedule())  # a: 2 blocks (room for its 8th token), b: 2 blocks, full
+    out = sched.schedule()  # b's 9th token needs a 3rd block: b is the most recently admitted
+    assert out.requests == [a] and out.num_tokens == [1] and out.is_decode == [True] and out.total_num_tokens == 1
+    assert out.preempted == [b] and b.status is RequestStatus.PREEMPTED and list(sched.waiting) == [b]
+    assert sched.running == [a] and pool.num_used_blocks == 2 and out.admitted == []
+
+
+def test_drafts_that_fit_are_scheduled_after_the_decode_token_and_dropped_before_preempting():
+    sched, _ = make(num_blocks=16, block_size=4, budget=3)
+    a = req("a", 3, max_tokens=8)
+    sched.add_request(a)
+    fake_step(sched, sched.schedule())
+    a.spec_token_ids = [1, 2, 3]
+    out = sched.schedule()  # a budget of 3: the decode token and 2 drafts
+    assert out.num_tokens == [3] and out.scheduled_spec_decode_tokens == {"a": [1, 2]} and out.is_decode == [True]
+    assert a.spec_token_ids == []  # taken, whatever was scheduled
+
+    sched, _ = make(num_blocks=2, block_size=4, budget=16)
+    a = req("a", 4, max_tokens=2)
+    sched.add_request(a)
+    fake_step(sched, sched.schedule())
+    a.spec_token_ids = [1, 2, 3, 4]  # 5 tokens from position 4 need a 3rd block: the pool has 2
+    out = sched.schedule()
+    assert out.num_tokens == [1] and out.scheduled_spec_decode_tokens == {} and out.preempted == []
+
+
+def test_stop_conditions_in_order_and_a_speculative_stop_drops_what_follows():
+    sched, _ = make(num_blocks=16, block_size=4, budget=64, max_model_len=5)
+    sched.eos_token_ids = frozenset([2])
+    both = Request("both", [10, 11, 12, 13, 14], SamplingParams(max_tokens=1, stop_token_ids=[5]))
+    eos = Request("eos", [20, 21], SamplingParams(max_tokens=8, ignore_eos=True))
+    for r in (both, eos):
+        sched.add_request(r)
+    update = sched.update_from_output(sched.schedule(), [both, eos], [5, 2])
+    # a stop token beats max_tokens and max_model_len; ignore_eos goes on past EOS
+    assert update.finished == [both] and both.finish_reason == "stop" and not eos.is_finished
+
+    spec = Request("spec", [30, 31, 32], SamplingParams(max_tokens=8, stop_token_ids=[7], ignore_eos=True))
+    sched.add_request(spec)
+    fake_step(sched, sched.schedule(), token=9)  # eos decodes, spec prefills and gets 9
+    spec.spec_token_ids = [7, 8]
+    out = sched.schedule()
+    assert out.scheduled_spec_decode_tokens == {"spec": [7, 8]}
+    update = sched.update_from_output(out, [eos, spec], [4, 6], num_accepted={"spec": 2})
+    assert update.token_ids == [4, 7] and update.spec_accepted == {"spec": []} and update.finished == [eos, spec]
+    assert spec.output_token_ids == [9, 7] and spec.finish_reason == "stop" and not spec.block_ids
+    assert eos.output_token_ids == [2, 9, 4] and eos.finish_reason == "length"  # max_model_len 5 reached
