@@ -28,6 +28,7 @@ from pathlib import Path
 
 import agreement  # a sibling module: this script's folder is on sys.path
 import torch
+from flops import flop_rate_line
 from harness import (
     MEMORY_METRIC,
     RunResult,
@@ -221,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             "agreement": [a.line() for a in agreements],
             "ratios": {f"{k[0]} {k[1]}": {"median": v[0], "per_round": v[1]} for k, v in ratios.items()},
         }, indent=1))
+    # the end-to-end FLOP rate of kvscope's median run against the GEMM peak at the threads it ran with (issue 39)
+    kv_runs = runs["kvscope"]
+    print("\n" + flop_rate_line(model, items, median([r.wall_s for r in kv_runs]), median([r.cpu_s for r in kv_runs]),
+                                torch.get_num_threads()))
     print("\nratios (kvscope / peer: output tokens per wall-clock second, then per CPU-second; median of "
           "per-round ratios):")
     for (peer, kind), (mid, paired) in ratios.items():

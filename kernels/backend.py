@@ -7,8 +7,10 @@ Three backends share one signature (see ``reference.py`` for the layout):
 - ``"triton"``: Triton kernels (``store_kv.py``, ``paged_attention.py``), the CUDA path. On CPU tensors
   they run only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check them.
 
-``resolve_backend("auto", device)`` picks Triton on CUDA, and elsewhere ``"cpu"`` where its kernel
-builds, else ``"torch"``.
+``resolve_backend("auto", device)`` picks Triton on CUDA, and elsewhere ``"cpu"`` where its kernel is
+built already, else ``"torch"`` with the C++ build started in the background (``pending``: the engine switches
+to ``"cpu"`` at a step boundary once it is built; ``background_build.py``), or plain ``"torch"`` where the build
+failed. ``attention_backend="cpu"`` asks for the C++ kernel and waits for its build.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from . import cpu_paged, reference, torch_paged, torch_run
+from .background_build import BackgroundBuild, cpu_kernel_build
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
 
@@ -36,6 +39,8 @@ class KernelBackend:
     paged_attention: Callable[..., torch.Tensor]
     build_plan: Callable[..., Any] | None = None
     run_plan: Callable[..., torch.Tensor] | None = None
+    # a kernel being built in the background that replaces this one once built (``background_build.py``)
+    pending: BackgroundBuild | None = None
 
 
 def triton_interpreter_on() -> bool:
@@ -47,11 +52,21 @@ def resolve_backend(name: str, device: torch.device | str) -> KernelBackend:
     device = torch.device(device)
     if name not in BACKENDS:
         raise ValueError(f"attention_backend={name!r} is not one of {BACKENDS}; pick one of them")
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "cpu" if cpu_paged.load() else "torch"
+    pending = None
+    if name == "auto" and device.type == "cuda":
+        name = "triton"
+    elif name == "auto" and device.type == "cpu":
+        if cpu_paged.ready() and cpu_paged.load():  # built: loading takes about a second
+            name = "cpu"
+        else:  # never wait for the compiler: torch now, the C++ kernel when its build is done
+            name, pending = "torch", cpu_kernel_build()
+            if pending.poll() is False:  # this process's build failed: torch for good
+                pending = None
+    elif name == "auto":
+        name = "torch"
     if name == "torch":
         return KernelBackend(
-            "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_run.run_plan
+            "torch", reference.store_kv, reference.paged_attention, torch_paged.build_plan, torch_run.run_plan, pending
         )
     if name == "cpu":
         if device.type != "cpu":

@@ -15,6 +15,11 @@ gives up with ``BuildWaitTimeout`` and the caller keeps the torch path. The kern
 process dies, so a killed build never blocks the next one (torch's own ``lock`` file, which a killed build
 leaves behind and which torch then waits on forever, is removed while the lock is held). A notice is printed
 to stderr whenever a build will run: the ``.so`` is missing, or ninja has work to do (a dry run).
+
+Trust (``build_trust.py``): the folder, its lock, everything in it and the folders above it must be this user's
+alone (as ssh requires of its keys), checked before the folder is used and again before the library is loaded;
+else ``UntrustedBuildFolder`` and the torch path. ``$KVSCOPE_EXTENSIONS_DIR`` is expanded (``~``, ``~user``) and
+refused if it names no folder that can exist (``~nosuchuser/x``); a folder kvscope creates there is mode 700.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .build_trust import check_contents, check_folder, check_own
 
 WAIT_S = 300.0  # how long a process waits for another one's build before it keeps the torch path
 NOTICE_AFTER_S = 1.0  # a wait shorter than this (another process loading a built kernel) goes unsaid
@@ -100,16 +107,29 @@ def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def build_folder(name: str, key: BuildKey) -> str:
-    """``<root>/<name>_<digest>``, created: the root is ``$KVSCOPE_EXTENSIONS_DIR``, else torch's cache."""
+    """``<root>/<name>_<digest>``, created and checked (``build_trust``): the root is ``$KVSCOPE_EXTENSIONS_DIR``,
+    else torch's cache."""
     folder_name = f"{name}_{key.digest()}"
     root = os.environ.get("KVSCOPE_EXTENSIONS_DIR")
     if not root:
         from torch.utils.cpp_extension import _get_build_directory
 
-        return _get_build_directory(folder_name, verbose=False)  # creates it
-    folder = os.path.join(os.path.expanduser(root), folder_name)
-    os.makedirs(folder, exist_ok=True)
+        folder = _get_build_directory(folder_name, verbose=False)  # creates it
+    else:
+        folder = os.path.join(extensions_root(root), folder_name)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    check_folder(folder)
     return folder
+
+
+def extensions_root(root: str) -> str:
+    """``$KVSCOPE_EXTENSIONS_DIR`` as an absolute path, ``~`` and ``~user`` expanded; a ``~`` that names no
+    user (it would become a folder named ``~nosuchuser``) is a ``ValueError``."""
+    expanded = os.path.expanduser(root)
+    if expanded.startswith("~"):
+        raise ValueError(f"KVSCOPE_EXTENSIONS_DIR={root!r}: {expanded.split(os.sep)[0]!r} names no user on this "
+                         "machine (give an absolute path, or ~ for your home)")
+    return os.path.abspath(expanded)
 
 
 def needs_build(folder: str, name: str) -> bool:
@@ -130,9 +150,14 @@ def needs_build(folder: str, name: str) -> bool:
 def build_once(folder: str, name: str, key: BuildKey, load: Callable[[], None], wait_s: float | None = None) -> bool:
     """Run ``load`` (build if needed, then load) holding the folder's lock; True if it built. A notice goes to
     stderr before a build and after it. Raises ``BuildWaitTimeout`` past ``wait_s`` (``WAIT_S``) of waiting."""
-    with open(f"{folder}.lock", "a+") as lock:
+    lock_path = f"{folder}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "a+") as lock:
+        check_own(lock_path, os.fstat(fd))
         _acquire(lock.fileno(), folder, WAIT_S if wait_s is None else wait_s)
         try:
+            check_folder(folder)
+            check_contents(folder)  # nothing in it another user could have written (build_trust.py)
             stale = os.path.join(folder, "lock")  # torch's baton: left behind by a killed build
             if os.path.exists(stale):
                 os.remove(stale)

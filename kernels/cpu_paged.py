@@ -18,7 +18,9 @@ keyed by what the binary depends on (torch, compiler, flags, CPU features; ``cpu
 extension cache (``~/.cache/torch_extensions/py<ver>_cpu``) or under ``$KVSCOPE_EXTENSIONS_DIR`` when set,
 so only the first process with a given torch, compiler and CPU pays the build (~30-60 s, announced on
 stderr); a process that starts meanwhile waits for it. It registers ``torch.ops.kvscope.paged_decode_attention``.
-``load()`` is False where it cannot be built, and ``resolve_backend("auto")`` then picks the torch path.
+``load()`` is False where it cannot be built, and ``resolve_backend("auto")`` then picks the torch path;
+where it is not built yet, ``resolve_backend("auto")`` starts on the torch path and builds it in the background
+(``background_build.py``), never making a run wait for the compiler.
 
 One thread: splitting the sequences over a second one (torch's inter-op pool; ``at::parallel_for``
 would need the extension built with OpenMP, a second runtime beside torch's) made the kernel alone
@@ -187,6 +189,21 @@ def load() -> bool:
         return hasattr(torch.ops.kvscope, "paged_decode_attention")
     except Exception as exc:  # no compiler, no ninja, a failing build, a build elsewhere too slow: the torch path
         log.warning("kvscope: the C++ decode attention could not be built (%s); using the torch path", exc)
+        return False
+
+
+def ready() -> bool:
+    """Can ``load()`` be had without compiling: loaded in this process already, or built on disk for this
+    torch, compiler and CPU with nothing for ninja to redo (a check of ~0.1 s)? False where the folder is
+    refused (``build_trust``) or anything else goes wrong: ``load()`` then says why."""
+    cache_info = getattr(load, "cache_info", None)
+    if cache_info is None or cache_info().currsize:  # load() ran in this process: its answer stands
+        return load()
+    try:
+        flags = build_flags()
+        key = cpu_build.current_key(_SOURCE, flags)
+        return not cpu_build.needs_build(cpu_build.build_folder(NAME, key), NAME)
+    except Exception:  # load() reports it when it runs
         return False
 
 

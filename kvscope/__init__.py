@@ -6,6 +6,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from kvscope._version import __version__ as __version__
+from kvscope.utils.threads import prepare_openmp as _prepare_openmp
 
 if TYPE_CHECKING:
     from kvscope.engine.config import EngineConfig, ModelSpec
@@ -72,3 +73,6 @@ def _warn_if_shadowed() -> None:
 
 
 _warn_if_shadowed()
+# OpenMP's wait policy is read once, when torch's runtime starts: chosen here, before torch is imported, unless the
+# user set it (kvscope/utils/threads.py; standard library only)
+_prepare_openmp()

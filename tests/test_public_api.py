@@ -19,7 +19,7 @@ import kvscope
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {"Comparison", "Engine", "EngineConfig", "ModelSpec", "PDEngine", "RequestOutput", "Run", "SamplingParams",
           "WatchRun", "compare", "load", "watch"}
-COMMANDS = {"demo", "run", "plan", "view", "compare", "sweep", "watch", "simulate", "calibrate", "explain"}
+COMMANDS = {"demo", "run", "plan", "view", "compare", "sweep", "watch", "simulate", "calibrate", "explain", "search"}
 # `from kvscope.x import a, b` and `import kvscope.x` as written in prose, code blocks and notebook cells.
 FROM_IMPORT = re.compile(r"from (kvscope(?:\.\w+)*) import \(?([\w, \n]+?)\)?(?:\n|$|\\n|\")")
 PLAIN_IMPORT = re.compile(r"^\s*import (kvscope(?:\.\w+)*)", re.M)

@@ -79,6 +79,17 @@ def _ratio_html(ratio: float, better: str, noise: bool = False) -> str:
     return f"<span style='color:{color};font-size:11px'>{ratio:,.2f}x</span>"
 
 
+def notes_html(cmp: Compared) -> str:
+    """What relates the runs without a warning (``Comparison.notes``: a simulation replaying another run)."""
+    notes = getattr(cmp, "notes", [])
+    if not notes:
+        return ""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return (f"<div class='kvs-compare-notes' style='border:1px solid #ccc;border-radius:4px;padding:4px 10px;"
+            f"margin:6px 0;{FONT}'><b>how these runs relate:</b>"
+            f"<ul style='margin:2px 0'>{items}</ul></div>")
+
+
 def warnings_html(cmp: Compared) -> str:
     if not cmp.warnings:
         return ""
@@ -110,7 +121,8 @@ def summary_html(cmp: Compared) -> str:
     note = f"ratios: each run over {html.escape(first)}; green is better, red worse"
     if cmp.spreads:
         note += "; (lo–hi): the repeats' range, the value their median; ≈: within that range, neither"
-    return (f"{warnings_html(cmp)}<table class='kvs-compare-table' style='border-collapse:collapse;{FONT}'>"
+    return (f"{notes_html(cmp)}{warnings_html(cmp)}"
+            f"<table class='kvs-compare-table' style='border-collapse:collapse;{FONT}'>"
             f"<tr><th style='text-align:left'>metric</th>{head}</tr>{''.join(rows)}</table>"
             f"<div style='{FONT};color:#666;font-size:11px'>{note}</div>")
 

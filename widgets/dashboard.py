@@ -105,6 +105,7 @@ class Dashboard:
         self.num_ticks = 0
         self.finished = False
         self.error: BaseException | None = None  # an exception that ended the update thread
+        self.note: str | None = None  # said last on the status line ("a newer run ...": set_note)
 
     # ---- updates (one thread at a time) -----------------------------------------------------------------
     def tick(self, final: bool = False) -> Tick:
@@ -213,7 +214,16 @@ class Dashboard:
             parts.insert(0, f"SIMULATED ({simulated.get('step_model_from') or 'step-time model'}; no model ran)")
         if self.error is not None:
             parts.append(f"dashboard error: {self.error!r}")
+        if self.note:
+            parts.append(self.note)
         return parts
+
+    def set_note(self, note: str | None) -> None:
+        """Say ``note`` at the end of the status line from now on (any thread; the magic's "a newer run is
+        going: %kvscope show displays it" on an older run's dashboard, which a reloaded page still shows)."""
+        with self._lock:
+            self.note = note
+            self._show_status()
 
     def _show_status(self) -> None:
         if self.view is not None:

@@ -48,10 +48,12 @@ def _simulated(meta: dict) -> dict | None:
 
 
 def run_title(meta: dict) -> str:
-    """The report's title: a simulated run says so, and how its step times were made."""
+    """The report's title: a simulated run says so, and how its step times were made; another run the title its
+    command gave it (``meta["title"]``: "kvscope demo · smollm2"), else "kvscope run"."""
     simulated = _simulated(meta)
     if simulated is None:
-        return "kvscope run"
+        title = meta.get("title")
+        return title if isinstance(title, str) and title.strip() else "kvscope run"
     how = simulated.get("step_model_from") or "a step-time model"
     return f"kvscope simulation — SIMULATED, not measured (kvscope simulate; step times: {how})"
 
@@ -95,7 +97,11 @@ def build_report(run: RecordedRun):
 
 def save_html(run: RecordedRun, path: str | os.PathLike) -> Path:
     """Write the report of ``run`` to ``path`` atomically; returns the path."""
-    title = f"kvscope · {run.meta.get('model', 'run')}" + (" · SIMULATED" if _simulated(run.meta) else "")
+    given = run.meta.get("title")  # the command's ("kvscope demo · smollm2"), as the header's (run_title)
+    if isinstance(given, str) and given.strip() and not _simulated(run.meta):
+        title = given
+    else:
+        title = f"kvscope · {run.meta.get('model', 'run')}" + (" · SIMULATED" if _simulated(run.meta) else "")
     page = file_html(build_report(run), resources=INLINE, title=title)
     return atomic_write(path, lambda f: f.write(page))
 

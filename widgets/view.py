@@ -169,6 +169,7 @@ class DashboardView:
     def show_status(self, parts: Sequence[str]) -> None:
         """Show ``parts`` (plain text, escaped here) as the status line; once the run is over, disable
         the buttons."""
+        self.parts = list(parts)  # what it says now (a dropped run's view is told more: kvscope.magic.history)
         text = " · ".join(html.escape(part) for part in parts)
         self.status.value = f"<span style='font-family:sans-serif;font-size:13px'>{text}</span>"
         control = self.control
@@ -196,6 +197,11 @@ def _weak_callable(fn: Callable[[float], None]) -> Callable[[float], None]:
 
 
 def _close_tree(widget: w.Widget) -> None:
+    """Close ``widget``, its children and their ``layout`` / ``style`` widgets (each its own comm, which closing
+    the widget alone leaves registered in the kernel)."""
     for child in getattr(widget, "children", ()):
         _close_tree(child)
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+        if isinstance(part, w.Widget):
+            part.close()
     widget.close()

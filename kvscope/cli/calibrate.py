@@ -17,10 +17,13 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
                         "vLLM's too, if it ran with --enable-logging-iteration-details and the kvscope plugin")
     parser.add_argument("-o", "--output", metavar="FILE", type=out_path, required=True,
                         help="where to write the step model (JSON), for `kvscope simulate --step-model FILE`")
+    parser.add_argument("--model", default="tiny", metavar="DIR", help="a watched vLLM: the folder of the model it "
+                        "served (default: the folder the watch recorded), to replay its workload and align the steps")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the file written")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from kvscope.runs.background.watched_schedule import calibration_steps
     from kvscope.runs.result.run import load
     from kvscope.sim.calibrate import describe_fit, fit_step_model
 
@@ -29,13 +32,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         run = load(args.run)
     except (OSError, ValueError) as exc:
         raise CLIError(f"cannot read the run {args.run!r}: {exc}") from None
+    block = run.meta.get("block_size", 16)
+    if "watch" in run.meta and not block:  # a watched vLLM's steps are counts only: no block arithmetic
+        block = 16
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 256 or block & (block - 1):
+        raise CLIError(f"cannot calibrate on {args.run}: its header (the run's metadata) has block_size={block!r}, "
+                       "which must be a power of two from 1 to 256; the file is damaged or edited: record the run "
+                       "again with `kvscope run ... --out NAME`")
     try:
-        model = fit_step_model(run.records, int(run.meta.get("block_size", 16)), str(args.run))
+        records, alignment, note = calibration_steps(run, str(args.run), args.model)  # a watched vLLM: aligned
+        model = fit_step_model(records, block, str(args.run))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if alignment is not None:
+        model.fit["alignment"] = alignment
     path = model.save(output)
     if not args.quiet:
-        print(describe_fit(model))
+        print(describe_fit(model, str(args.run), str(output)) + (f"\n{note}" if note else ""))
         print()
     print(path)
     return 0

@@ -68,7 +68,9 @@ def write_comparison(cmp, output: Path, csv: Path | None, quiet: bool) -> int:
     try:
         written.append(("comparison", cmp.save_html(output), "open in a browser; works offline"))
         if csv is not None:
-            written.append(("summary", cmp.save_csv(csv), "one row per run"))
+            written.append(("summary", cmp.save_csv(csv), "one row per run" if cmp.swept is None else
+                            "one row per value" + (", the median of its repeats" if cmp.spreads and cmp.spreads[0]
+                                                   else "")))
     except OSError as exc:
         raise CLIError(f"cannot write {exc.filename or output}: {exc.strerror or exc}", code=1) from None
     if not quiet:
@@ -83,6 +85,8 @@ def print_table(cmp) -> None:
     """The summary table in the terminal: metric, each run's value and its ratio against the first."""
     from kvscope.widgets.compare_table import format_value
 
+    for note in getattr(cmp, "notes", []):
+        print(f"note: {note}")
     for warning in cmp.warnings:
         print(f"warning: {warning}")
     table = cmp.table

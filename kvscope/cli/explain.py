@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         run = _load(args.run) if args.run else _simulate(args, tokenizer)
         if tokenizer is None and args.run:
-            tokenizer = _tokenizer(str(run.meta.get("model", "")), quiet=True)
+            tokenizer, note = _run_tokenizer(run.meta.get("model"))
+            if note:
+                print(note, file=sys.stderr)
         doc, text = explain_run(run, tokenizer, args.top)
     print(text)
     if output is not None:
@@ -119,18 +122,56 @@ def _load(path: str):
     return run
 
 
-def _tokenizer(name: str, quiet: bool = False) -> Any:
-    from kvscope.models.loader import TINY_ARCHS, build_tiny_tokenizer, load_tokenizer, smollm2_path
+def _tokenizer(name: str) -> Any:
+    """The tokenizer the user named (``--tokenizer``): tiny, smollm2 (embedded) or a local model folder, loaded
+    with ``trust_remote_code=False`` and nothing downloaded; a ``CLIError`` saying plainly why otherwise."""
+    from kvscope.runs.workload.sent import load_tokenizer
 
-    if name == "tiny" or name in (f"tiny-{a}" for a in TINY_ARCHS):
-        return build_tiny_tokenizer()
-    folder = str(smollm2_path()) if name in ("smollm2", "smollm2-135m") and smollm2_path() else name
-    tokenizer = load_tokenizer(folder) if os.path.isdir(folder) or not quiet else None
-    if tokenizer is None and not quiet:
-        raise CLIError(
-            f"no tokenizer at {name!r}: give a model folder with its tokenizer files, tiny or smollm2"
-        )
-    return tokenizer
+    custom = _custom_code(name)
+    if custom:
+        raise CLIError(f"--tokenizer {name!r}: its {custom} names its own Python code (auto_map); kvscope never "
+                       "runs code from a model folder. Give tiny, smollm2 or a folder whose tokenizer is a standard "
+                       "one (tokenizer.json)")
+    try:
+        return load_tokenizer(name)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+EMBEDDED_TOKENIZERS = ("tiny", "smollm2", "smollm2-135m")
+MAX_PROMPT_CHARS = 512 << 10  # characters of one prompt of --prompts (about 128k tokens)
+
+
+def _run_tokenizer(model: Any) -> tuple[Any, str | None]:
+    """The tokenizer of a run's model (``meta["model"]``, a string from a file): only an embedded name is
+    loaded; a path is never opened unless the user gives it as ``--tokenizer`` (the note says so)."""
+    from kvscope.models.loader import TINY_ARCHS
+
+    name = model.split(" ")[0] if isinstance(model, str) else ""
+    if name in EMBEDDED_TOKENIZERS or name in (f"tiny-{a}" for a in TINY_ARCHS):
+        try:
+            return _tokenizer(name), None
+        except CLIError as exc:
+            return None, f"note: the run's tokenizer ({name}) did not load ({exc}); text shown where the run has it"
+    if not name:
+        return None, None
+    return None, (f"note: the run's model is {str(model)[:200]!r}; kvscope loads no tokenizer from a path a file "
+                  "names: give --tokenizer PATH to decode its tokens")
+
+
+def _custom_code(name: str) -> str | None:
+    """Which of a folder's config files names custom code (``auto_map``), if any (read capped, never run)."""
+    for file in ("tokenizer_config.json", "config.json"):
+        path = os.path.join(name, file)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1 << 22)
+            doc = json.loads(data)
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("auto_map"):
+            return file
+    return None
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
@@ -149,6 +190,11 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
         lines = read_prompts(args.prompts)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    for n, line in enumerate(lines, 1):  # before the tokenizer: a 40 MB line aborts inside it (GBs, SIGABRT)
+        if len(line) > MAX_PROMPT_CHARS:
+            raise CLIError(f"{args.prompts}: prompt {n} has {len(line):,} characters, more than the "
+                           f"{MAX_PROMPT_CHARS:,} kvscope explain tokenizes (about 128k tokens: longer than a "
+                           "model's context); shorten it or split the file")
     return [list(tokenizer.encode(line)) for line in lines]
 
 

@@ -14,6 +14,14 @@ def _decode(tokenizer: Any):
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def prompt_texts(meta: dict[str, Any]) -> dict[str, str]:
+    """The run's prompt texts by request id (``meta["texts"]``, where its prompts were text)."""
+    texts = meta.get("texts")
+    if not isinstance(texts, dict):
+        return {}
+    return {rid: t["prompt"] for rid, t in texts.items() if isinstance(t, dict) and isinstance(t.get("prompt"), str)}
+
+
 def explain_run(run, tokenizer: Any, top: int) -> tuple[dict[str, Any], str]:
     """A recorded (or simulated) run's explanation: prefix-cache misses by cause, the ``top`` divergence
     points, queue times by reason and the slow steps; the document and the text of ``kvscope explain``."""
@@ -34,7 +42,7 @@ def explain_run(run, tokenizer: Any, top: int) -> tuple[dict[str, Any], str]:
         raise CLIError(str(exc)) from None
     prompts = {e.request_id: list(e.prompt_token_ids) for e in run.events if e.kind == "queued"}
     dicts = row_dicts(rows)
-    add_text(dicts, prompts, _decode(tokenizer))
+    add_text(dicts, prompts, _decode(tokenizer), prompt_texts(run.meta))
     summary = totals(rows)
     last = run.records[-1].kv if run.records else None
     queries = last.prefix_cache_queries if last else sum(r.num_prompt_tokens for r in rows)

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Sequence
 
 from kvscope._version import __version__
-from kvscope.cli import calibrate, compare, demo, explain, plan, run, simulate, sweep, view, watch
+from kvscope.cli import calibrate, compare, demo, explain, plan, run, search, simulate, sweep, view, watch
 from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError, Parser
 
@@ -44,7 +44,8 @@ commands:
 # The subcommands, in the order ``kvscope --help`` lists them.
 COMMANDS: dict[str, Command] = {c.name: c for c in (demo.COMMAND, run.COMMAND, plan.COMMAND, view.COMMAND,
                                                      compare.COMMAND, sweep.COMMAND, watch.COMMAND,
-                                                     simulate.COMMAND, calibrate.COMMAND, explain.COMMAND)}
+                                                     simulate.COMMAND, calibrate.COMMAND, explain.COMMAND,
+                                                     search.COMMAND)}
 
 
 def build_parser() -> argparse.ArgumentParser:

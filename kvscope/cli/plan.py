@@ -11,7 +11,7 @@ from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
 from kvscope.options.run import block_size, positive_int
 from kvscope.options.values import memory_size, nonneg_memory_size
-from kvscope.planning.planner import make_plan, render
+from kvscope.planning.planner import DEFAULT_RESERVE, make_plan, render
 from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape, shape_from_config
 
 EPILOG_PLAN = """\
@@ -25,10 +25,13 @@ the formula (what the KV cache holds for every token of every running request):
   sliding-window layers (--sliding-window W): static keeps min(max_len, W) slots there, paged at most
       ceil(W / block_size) + 1 blocks (blocks that leave the window go back to the pool)
   Sizes are binary: 40GB == 40GiB == 40 x 2^30 bytes.
+  Defaults (the course's, and kvscope simulate --gpu / --static's): weights = billions of parameters x bytes,
+  as GiB, a known model counted by its size class (llama-7b: 7B x 2 B = 14 GiB); reserve 4 GiB; --max-len
+  2048 (or the model's maximum if below).
 
 examples:
-  the course's worked example (7B Llama, fp16, 40 GB GPU, 14 GB weights, 4 GB reserve):
-    kvscope plan --model llama-7b --gpu-mem 40GiB --weights 14GiB --reserve 4GiB --max-len 2048 --avg-len 512
+  the course's worked example (7B Llama, fp16, 40 GB GPU, 14 GB weights, 4 GB reserve, 2048 max, 512 average):
+    kvscope plan --model llama-7b --gpu-mem 40GiB
     -> 512 KiB per token; 22 requests with static reservation, 88 with paging (4.0x)
   your own shape:   kvscope plan --layers 32 --kv-heads 8 --head-dim 128 --dtype bf16 --gpu-mem 80GiB --weights 16GiB
   a local model:    kvscope plan --model ./my-model --gpu-mem 24GiB --json
@@ -50,11 +53,13 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     mem = parser.add_argument_group("memory")
     mem.add_argument("--gpu-mem", type=memory_size, default=None, metavar="SIZE", help="GPU memory, e.g. 40GiB or 80GB")
     mem.add_argument("--weights", type=nonneg_memory_size, default=None, metavar="SIZE",
-                     help="weights size (default: the known parameter count x dtype bytes)")
-    mem.add_argument("--reserve", type=nonneg_memory_size, default=0, metavar="SIZE",
-                     help="activations and runtime reserve (default 0)")
+                     help="weights size (default: billions of parameters x dtype bytes as GiB, a known model by its "
+                     "size class: llama-7b in fp16 is 14GiB)")
+    mem.add_argument("--reserve", type=nonneg_memory_size, default=DEFAULT_RESERVE, metavar="SIZE",
+                     help="activations and runtime reserve (default 4GiB)")
     lens = parser.add_argument_group("lengths")
-    lens.add_argument("--max-len", type=positive_int, default=2048, help="maximum sequence length (default 2048)")
+    lens.add_argument("--max-len", type=positive_int, default=None, help="maximum sequence length, what a static "
+                      "reservation holds per request (default 2048, or the model's maximum if below)")
     lens.add_argument("--avg-len", type=positive_int, default=512,
                       help="average tokens per request, prompt + output (default 512)")
     lens.add_argument("--block-size", type=block_size, default=16, help="tokens per KV block (default 16)")
@@ -72,8 +77,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(plan.to_json())
         return 0
     print(render(plan, shape.note))
-    if shape.max_position_embeddings and args.max_len > shape.max_position_embeddings:
-        print(f"note: --max-len {args.max_len} is beyond what {shape.name} supports "
+    if shape.max_position_embeddings and plan.max_len > shape.max_position_embeddings:
+        print(f"note: --max-len {plan.max_len} is beyond what {shape.name} supports "
               f"({shape.max_position_embeddings} positions)")
     return 0
 

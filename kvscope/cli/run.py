@@ -9,7 +9,6 @@ the run cleanly at a step boundary and the files are still written.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -20,11 +19,11 @@ from pathlib import Path
 from kvscope.cli.command import Command
 from kvscope.cli.parser import CLIError
 from kvscope.cli.paths import check_output, output_folder
+from kvscope.cli.run_summary import print_answers, print_summary
 from kvscope.cli.signals import signal_number, stop_signals, wait_until_done
 from kvscope.options.run import CLI, OptionError, add_run_options
 from kvscope.runs.background.status import RunStatus
 from kvscope.runs.setup.spec import OUTPUT_KINDS, OutputSpec, RunSpec
-from kvscope.utils.units import fmt_bytes
 
 EPILOG_RUN = """\
 examples:
@@ -75,22 +74,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         setup = prepare(spec)
     except OptionError as exc:
         raise CLIError(str(exc)) from None
-    return execute(setup, title=f"kvscope run · {setup.model}", quiet=args.quiet)
+    return execute(setup, title=f"kvscope run · {setup.model}", quiet=args.quiet,
+                   answers=bool(spec.workload.prompts))
 
 
-def execute(setup, *, title: str, quiet: bool, watch=None) -> int:
+def execute(setup, *, title: str, quiet: bool, watch=None, answers: bool = False) -> int:
     """Run a checked ``RunSetup`` to the end with a progress bar, write the files, print the summary; the
     exit code.
 
     SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run alike: the requests are aborted at the next step
     boundary, the files are written, and the exit code is 128 + the signal's number (130, 143, 129).
-    ``watch(run, quiet)`` follows the run from this thread (default: a bar of output tokens)."""
+    ``watch(run, quiet)`` follows the run from this thread (default: a bar of output tokens); ``answers``:
+    print each prompt's answer (the user's own ``--prompts``) before the summary."""
     from kvscope.runs.background.live import LiveRun
 
     if not quiet:
         for note in setup.notes:  # lines of --prompts skipped, ...
             _say(note)
     run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=False)
+    run.meta["title"] = title  # the report's title ("kvscope demo · smollm2"; widgets/report.py's run_title)
     stopped_by = None
     with stop_signals():
         try:
@@ -103,7 +105,7 @@ def execute(setup, *, title: str, quiet: bool, watch=None) -> int:
                      "(Ctrl-C again to quit without them)")
             wait_until_done(run)
     try:
-        return _report(run, title, quiet, stopped_by)
+        return _report(run, title, quiet, stopped_by, answers)
     except OSError:  # SIGHUP: the terminal is gone, and printing fails; the files are written all the same
         if stopped_by is None:
             raise
@@ -115,7 +117,7 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _report(run, title: str, quiet: bool, stopped_by: int | None) -> int:
+def _report(run, title: str, quiet: bool, stopped_by: int | None, answers: bool = False) -> int:
     """Print the summary and the files written; the exit code (``CLIError`` for a failed run)."""
     if run.error is not None:
         exc = run.error
@@ -127,6 +129,8 @@ def _report(run, title: str, quiet: bool, stopped_by: int | None) -> int:
             raise CLIError(str(exc)) from None
         raise CLIError(f"the run failed: {type(exc).__name__}: {exc}", code=1) from None
     if not quiet:
+        if answers:
+            print_answers(run)
         print_summary(run, title)
         print()
     for kind in ("html", "trace", "metrics"):
@@ -186,56 +190,6 @@ def _watch(run, quiet: bool) -> None:
                 bar.update(max(0, run.num_finished - bar.n))  # aborted at the end: no step record says so
                 bar.refresh()
                 bar.close()
-
-
-def _ms(seconds: float) -> str:
-    if seconds is None or math.isnan(seconds):
-        return "–"
-    return f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
-
-
-def _outcomes(requests) -> str:
-    """'9 completed, 2 aborted' from the requests' finish reasons (stop and length count as completed)."""
-    reasons = requests.finish_reason.fillna("unfinished").replace({"stop": "completed", "length": "completed"})
-    counts = reasons.value_counts()
-    order = ["completed", "abort", "error", "unfinished"]
-    names = {"abort": "aborted", "error": "errors"}
-    return ", ".join(f"{counts[k]} {names.get(k, k)}" for k in order if k in counts) or "none"
-
-
-def print_summary(run, title: str) -> None:
-    """The run's headline numbers as a two-column table."""
-    s = run.summary() if run.records else {}
-    meta = run.meta
-    if not s:
-        print(f"{title}: nothing ran")
-        return
-    per_block = meta.get("kv_bytes_per_block") or 0
-    hit = s["prefix_cache_hit_rate"]
-    rows = [
-        ("model", f"{meta.get('model', '?')} on {meta.get('device', '?')}"),
-        ("requests", f"{s['requests']} ({_outcomes(run.requests)}), {s['steps']} steps, "
-                     f"at most {s['peak_running']} running at once"),
-        ("output tokens", f"{s['output_tokens']:,} in {s['duration_s']:.1f} s"),
-        ("tokens/s", f"{s['output_tokens_per_s']:,.1f} output, {s['total_tokens_per_s']:,.1f} incl. prefill"),
-        ("TTFT p50 / p99", f"{_ms(s['ttft_p50_s'])} / {_ms(s['ttft_p99_s'])}"),
-        ("ITL p50 / p99", f"{_ms(s['itl_p50_s'])} / {_ms(s['itl_p99_s'])}"),
-        ("peak KV usage", f"{s['peak_block_usage']:.0%} of {meta.get('num_blocks', '?')} blocks x "
-                          f"{meta.get('block_size', '?')} tokens ({fmt_bytes(s['peak_kv_bytes'])} of "
-                          f"{fmt_bytes(meta.get('num_blocks', 0) * per_block)}); static reservation would need "
-                          f"{fmt_bytes(s['peak_static_reservation_bytes'])}"),
-        ("fragmentation", f"{s['mean_fragmentation']:.1%} mean, {s['peak_fragmentation']:.1%} peak "
-                          "(unused slots in used blocks)"),
-        ("preemptions", f"{s['preemptions']}"),
-        ("prefix cache hits", "–" if hit != hit else
-         f"{hit:.0%} ({s['prefix_cache_hits']:,} of {s['prefix_cache_queries']:,} prompt tokens found cached)"),
-    ]
-    if s.get("spec_num_drafts"):  # speculative decoding ran
-        rows.append(("speculation", f"{s['spec_acceptance_rate']:.0%} of {s['spec_num_draft_tokens']:,} draft tokens "
-                                    f"accepted, {s['spec_mean_acceptance_length']:.2f} tokens per verification"))
-    print(title)
-    for name, value in rows:
-        print(f"  {name:<18} {value}")
 
 
 COMMAND = Command(

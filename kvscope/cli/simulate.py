@@ -50,6 +50,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except OptionError as exc:
         raise CLIError(str(exc)) from None
     how = setup.sim_meta["step_model_from"]
+    if sim.engine != "kvscope":
+        how += f"; {sim.engine}'s scheduling rules"
     if setup.link is not None:
         how += f"; {spec.engine.pd}, KV at {setup.link.bandwidth_gb_per_s:g} GB/s + {setup.link.latency_s:g} s"
     total = spec.workload.requests or 16
@@ -77,7 +79,17 @@ def _watch_requests(run, quiet: bool, total: int) -> None:
     finally:
         if bar is not None:
             bar.update(run.num_finished - bar.n)
+            bar.set_postfix_str(f"virtual clock {_final_clock(run):,.1f} s", refresh=True)  # the summary's figure
             bar.close()
+
+
+def _final_clock(run) -> float:
+    """The simulated time the summary prints (its ``duration_s``), so the bar's last word agrees with it."""
+    try:
+        duration = run.summary().get("duration_s") if run.records else None
+    except Exception:  # a failed run: the bar ends on the clock as it stood
+        duration = None
+    return duration if isinstance(duration, (int, float)) and duration == duration else run.elapsed_s
 
 
 COMMAND = Command(

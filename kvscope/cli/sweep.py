@@ -33,7 +33,8 @@ examples:
 
 Exactly one option gets a comma-separated list; every other option is the same in each run, so the
 seeded synthetic workload is the same prompts in every run. Writes the comparison (-o, default
-kvscope-sweep.html) and the summary as CSV (--csv, default: the -o path with .csv)."""
+kvscope-sweep.html) and the summary as CSV (--csv, default: the -o path with .csv): one row per value,
+with --repeat N the median of its N runs (the page shows their min-max)."""
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -43,11 +44,20 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     out.add_argument("-o", "--output", default="kvscope-sweep.html", metavar="HTML",
                      help="the comparison page (default kvscope-sweep.html)")
     out.add_argument("--csv", default=None, metavar="PATH",
-                     help="the summary, one row per run (default: the -o path with .csv)")
+                     help="the summary, one row per value (with --repeat N: the median of its N runs, each metric; "
+                     "the warm-up run is not in it) (default: the -o path with .csv)")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress or table; print the paths written")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if not args.simulate:  # the simulation's options mean nothing to real runs: refused, never ignored
+        from kvscope.options.simulate import simulate_fields
+
+        given = [name for name, value in simulate_fields(args).items() if value not in (None, False, "kvscope")]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise CLIError(f"{flag} is an option of simulated runs: add --simulate (each run simulated), or leave "
+                           f"{flag} out (real runs of the model)")
     output = check_output(args.output, "comparison", "-o")
     csv = check_output(args.csv or str(output.with_suffix(".csv")), "CSV", "--csv")
     different(output, csv)

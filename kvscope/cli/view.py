@@ -60,7 +60,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     if args.quiet:
         print(path)
         return 0
-    from kvscope.cli.run import print_summary
+    from kvscope.cli.run_summary import print_summary
 
     print_summary(run, f"kvscope view · {run.meta.get('model', '?')}")
     print(f"\nreport   {path}  (open in a browser; works offline)")

@@ -27,13 +27,17 @@ examples:
   kvscope watch http://a:8000 http://b:8000 --kv-events tcp://a:5557 --kv-events tcp://b:5557
   KVSCOPE_VLLM_PLUGIN=/tmp/steps.jsonl python -m vllm.entrypoints.openai.api_server ...   # then
   kvscope watch http://127.0.0.1:8000 --plugin-log /tmp/steps.jsonl --html watch.html
+  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf python -m vllm.entrypoints.openai.api_server ... \
+      --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces   # then
+  kvscope watch http://127.0.0.1:8000 --otlp 127.0.0.1:4318 --prompts sent.jsonl --metrics watch.metrics.jsonl
 
 vLLM side: --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
   "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}' (it binds: use --kv-events); with a
   concrete address ("tcp://127.0.0.1:5557") vLLM connects: use --kv-events-bind with that address.
   A data-parallel rank r publishes on port + r: give one --kv-events per rank.
-exact: token counts, prefix hits, preemptions, cached blocks; estimated (≈): latency percentiles
-(histogram buckets); unknowable from outside: block ids, fragmentation. See docs/vllm.md."""
+exact: token counts, prefix hits, preemptions, cached blocks, and with --otlp or --plugin-log each request's
+times; estimated (≈): latency percentiles of /metrics (histogram buckets); unknowable from outside: block ids,
+fragmentation. See docs/vllm.md."""
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -131,10 +135,19 @@ def print_watch_summary(run) -> None:
               f"{count(e['prefix_cache_hit_tokens']):>9} {count(e['preemptions']):>8} "
               f"{count(e['requests_finished']):>8} {count(e['kv_blocks_stored']):>7} "
               f"{ms(e['ttft_p50_s_estimate']):>10} {ms(e['itl_p50_s_estimate']):>9}")
-    faults = {k: v for k, v in s["faults"].items() if v and k not in ("event_batches", "plugin_lines")}
+    quiet_counts = ("event_batches", "plugin_lines", "otlp_posts", "otlp_spans", "otlp_spans_other")
+    faults = {k: v for k, v in s["faults"].items() if v and k not in quiet_counts}
     if faults or s["connection_lost"]:
         print("faults: " + ", ".join([f"connection lost {s['connection_lost']}x"] * bool(s["connection_lost"])
                                      + [f"{k} {v}" for k, v in faults.items()]))
+    watch = run.run.meta.get("watch", {})
+    if run.otlp is not None:
+        print(f"requests: {len(run.run.requests)} from vLLM's spans at {run.otlp_endpoint}")
+    match = watch.get("prompts")
+    if match:
+        print(f"prompts: {match['matched']} of {match['num_requests']} requests matched to the {match['num_prompts']} "
+              f"sent ({match['reordered']} out of sending order, {match['unmatched']} without a prompt of their "
+              "length: check --tokenizer / --chat-template if many)")
     print()
 
 

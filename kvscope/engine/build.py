@@ -65,9 +65,7 @@ def build_parts(model: str | torch.nn.Module, tokenizer: Any, config: EngineConf
     runner = ModelRunner(runner_model, spec, config.block_size, 1, backend, device, kv_config)
     num_blocks = resolve_num_blocks(config, spec, runner, spec.max_model_len)
     runner.allocate_kv(num_blocks)
-    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-    kv = KVCacheManager(pool, kv_config, config.max_num_batched_tokens)
-    scheduler = Scheduler(config, kv, spec.max_model_len, eos_token_ids(model, tokenizer))
+    pool, kv, scheduler = build_core(config, kv_config, num_blocks, spec.max_model_len, eos_token_ids(model, tokenizer))
     speculator = None  # speculative decoding (spec_decode/), when configured
     if config.speculative_config is not None:
         speculator = build_speculator(
@@ -77,6 +75,15 @@ def build_parts(model: str | torch.nn.Module, tokenizer: Any, config: EngineConf
             telemetry=config.telemetry)
     return EngineParts(model, tokenizer, model_name, spec, fused_linears, kv_config, runner, pool, kv, scheduler,
                        speculator)
+
+
+def build_core(config: EngineConfig, kv_config: KVCacheConfig | None, num_blocks: int, max_model_len: int,
+               eos: frozenset[int]) -> tuple[BlockPool, KVCacheManager, Scheduler]:
+    """The core as new: an empty ``BlockPool`` (nothing cached), its ``KVCacheManager`` and a ``Scheduler`` with
+    no request (``Engine()``; ``Engine.reset`` builds it again around the same model)."""
+    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+    kv = KVCacheManager(pool, kv_config, config.max_num_batched_tokens)
+    return pool, kv, Scheduler(config, kv, max_model_len, eos)
 
 
 def load_probed(model: str | torch.nn.Module, tokenizer: Any, config: EngineConfig, device: torch.device,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvscope.engine.core.rules import SchedulerRules
 from kvscope.engine.spec_decode.config import SpeculativeConfig
 from kvscope.engine.validation import UINT64_MAX, check_bool, check_int, check_real, parse_device
 from kvscope.models.hf_config import kv_bytes_per_token
@@ -176,6 +177,9 @@ class EngineConfig:
     # "onednn" or "torch"; merge_projections: one GEMM for q/k/v and one for gate/up
     linear_backend: str = "auto"
     merge_projections: bool = True
+    # where engines' schedulers differ (kvscope/engine/core/rules.py): None or "kvscope" (kvscope's own), "vllm"
+    # (vLLM 0.32's: the whole sequence must fit to be admitted, ...), a dict of SchedulerRules' fields, or one
+    scheduler_rules: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -218,3 +222,4 @@ class EngineConfig:
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra={self.extra!r} must be a dict")
         self.speculative_config = SpeculativeConfig.coerce(self.speculative_config)
+        self.scheduler_rules = SchedulerRules.coerce(self.scheduler_rules)

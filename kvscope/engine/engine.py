@@ -10,7 +10,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 
-from kvscope.engine.build import EngineParts, build_parts
+from kvscope.engine.build import EngineParts, build_core, build_parts
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
 from kvscope.engine.generate import GenerateMixin, Prompt
@@ -26,6 +26,7 @@ from kvscope.engine.request import (
     rejected_request,
 )
 from kvscope.engine.source import EngineSource, StepClock, make_recorder, run_metadata
+from kvscope.engine.threads import ThreadPolicy, for_engine
 from kvscope.engine.validation import resolve_device
 from kvscope.telemetry.phase_marks import NULL_MARKS, PhaseMarks
 from kvscope.telemetry.recorder import Recorder
@@ -66,13 +67,16 @@ class Engine(GenerateMixin, ProfilingMixin):
         config = replace(config, **kwargs) if config is not None else EngineConfig(**kwargs)
         device = resolve_device(config.device)
         # the model (loaded, probed, moved), its spec, runner, KV pool, scheduler and speculator (build.py)
-        self._adopt(build_parts(model, tokenizer, config, device), config, device)
+        parts = build_parts(model, tokenizer, config, device)
+        self.threads: ThreadPolicy | None = for_engine(device.type)  # torch's threads on a shared CPU (threads.py)
+        self._adopt(parts, config, device)
 
     @classmethod
     def from_parts(cls, parts: EngineParts, config: EngineConfig, device: torch.device | None = None) -> Engine:
         """An engine around parts built elsewhere: the simulator's (``kvscope.sim``), whose worker has no model
         and whose clock is virtual. The loop, scheduler, KV cache and telemetry are this class's own."""
         engine = cls.__new__(cls)
+        engine.threads = None  # a simulated engine's steps run no model: no thread policy
         engine._adopt(parts, config, device)
         return engine
 
@@ -89,7 +93,44 @@ class Engine(GenerateMixin, ProfilingMixin):
         if config.telemetry:
             self.recorder = make_recorder(self.run_metadata(), device, self.pool, self.clock)
         # the engine as a telemetry source (source.py): events and records, and the step index
-        self.source = EngineSource(self.recorder, self.scheduler, self.speculator, config.block_size)
+        self.source = EngineSource(self.recorder, self.scheduler, self.speculator, config.block_size, self.runner)
+        if self.threads is not None:
+            self.threads.on_change = self._threads_changed
+
+    def _threads_changed(self, described: dict) -> None:
+        """The thread policy changed the threads: the run metadata says so (a new value for an existing key, so a
+        snapshot copying the metadata on another thread never sees the dict change size)."""
+        if self.recorder is not None:
+            self.recorder.meta["thread_policy"] = described
+
+    @_locked
+    def reset(self) -> None:
+        """The engine as ``Engine()`` built it, without loading the model again: the loaded model, its fused
+        projections and the KV pages (zeroed, as new ones are) are kept; the block pool (nothing cached), the
+        scheduler, the recorder and the step index are new, so a run on a reset engine records what a run on a
+        fresh one does. For reusing a loaded engine across runs (``kvscope.runs.setup.engine_cache``).
+        ``RuntimeError`` with unfinished requests (``abort_all()`` first), for a simulated engine or one with
+        speculative decoding (its draft side is not reset: build a new engine)."""
+        if self.requests or self.scheduler.has_unfinished_requests():
+            raise RuntimeError(f"reset() with {len(self.requests)} unfinished requests: abort them first "
+                               "(engine.abort_all())")
+        if self.model is None or self.speculator is not None:
+            raise RuntimeError("only an engine with a model and no speculative decoding can be reset; build a new one")
+        for k, v in getattr(self.runner, "kv_slots", ()):
+            k.zero_()
+            v.zero_()
+        eos = self.scheduler.eos_token_ids
+        self.pool, self.kv, self.scheduler = build_core(self.config, self.kv_config, self.pool.num_blocks,
+                                                        self.max_model_len, eos)
+        self.requests = {}
+        self.phase_marks = NULL_MARKS
+        if self.threads is not None:  # the thread policy's changes start afresh with the new run (threads.py)
+            self.threads.new_run()
+        self.recorder = None
+        if self.config.telemetry:
+            self.recorder = make_recorder(self.run_metadata(), self.device, self.pool, self.clock)
+        self.source = EngineSource(self.recorder, self.scheduler, self.speculator, self.config.block_size,
+                                   self.runner)
 
     @property
     @_locked
@@ -113,6 +154,8 @@ class Engine(GenerateMixin, ProfilingMixin):
         """What a saved run needs to be read without the engine (all JSON values; docs/telemetry.md)."""
         meta = run_metadata(self.model_name, self.config, self.spec, self.runner, self.device, self.model,
                             self.speculator)
+        if self.threads is not None:  # which thread policy the run used, and when it changed (threads.py)
+            meta["thread_policy"] = self.threads.describe()
         return {**meta, **self.extra_meta}
 
     # ---- requests --------------------------------------------------------------------------------
@@ -223,6 +266,9 @@ class Engine(GenerateMixin, ProfilingMixin):
         self._release(update)
         clock.marks.end(self.source.step_index)
         self.source.step_done(sched, update, clock)
+        if self.threads is not None:
+            self.threads.step_done(self.source.step_index - 1, False in sched.is_decode, sched.total_num_tokens,
+                                   (self.clock.now_ns() - clock.times[0]) / 1e9)
         return out
 
     def _sample(self, logits: Any, inp: StepInput) -> tuple[list[int], dict[str, int] | None]:

@@ -148,9 +148,9 @@ class GenerateMixin:
         ``{"role": ..., "content": ...}``) or a list of them; each is put through the tokenizer's chat template
         (with the prompt for the assistant's turn) and generated from its token ids. ``ValueError`` when the
         tokenizer has no chat template (a base model: use ``generate``)."""
-        one = bool(messages) and isinstance(messages[0], dict)  # one conversation, or a list of them
-        conversations = [cast(Sequence[dict], messages)] if one else list(cast(Sequence[Sequence[dict]], messages))
-        prompts = [chat_prompt_ids(self.tokenizer, c) for c in conversations]
+        conversations = conversations_of(messages)
+        prompts = [chat_prompt_ids(self.tokenizer, c, i if len(conversations) > 1 else None)
+                   for i, c in enumerate(conversations)]
         outputs = self.generate(prompts, params)
         for out in outputs:  # the templated prompt, as vLLM's RequestOutput.prompt
             out.prompt = self.tokenizer.decode(out.prompt_token_ids)
@@ -164,14 +164,52 @@ class GenerateMixin:
         return delta
 
 
-def chat_prompt_ids(tokenizer, conversation: Sequence[dict]) -> list[int]:
-    """A conversation's token ids through ``tokenizer``'s chat template, ending with the assistant's turn to speak."""
+_CHAT_FORM = "[{'role': 'user', 'content': 'text'}, ...]"
+
+
+def conversations_of(messages: Any) -> list[list[dict]]:
+    """``chat``'s argument as a list of conversations, each checked message by message: a ``ValueError`` naming
+    the conversation and message otherwise (never the template's ``KeyError`` / ``TypeError`` / jinja2 error)."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence) or not messages:
+        got = "an empty list" if isinstance(messages, Sequence) and not messages and not isinstance(
+            messages, (str, bytes)) else f"a {type(messages).__name__}"
+        raise ValueError(f"chat() takes a conversation, a non-empty list of messages {_CHAT_FORM}, or a list of "
+                         f"conversations; got {got}" + (" (put the message in a list)" if isinstance(messages, dict)
+                                                        else ""))
+    one = isinstance(messages[0], dict)  # one conversation, or a list of them
+    conversations = [messages] if one else list(messages)
+    out = []
+    for i, conversation in enumerate(conversations):
+        where = "" if one else f"conversation {i}: "
+        if isinstance(conversation, (str, bytes, dict)) or not isinstance(conversation, Sequence) or not conversation:
+            raise ValueError(f"{where}a conversation is a non-empty list of messages {_CHAT_FORM}; got "
+                             f"{type(conversation).__name__ if conversation else 'an empty one'}")
+        for j, m in enumerate(conversation):
+            if not isinstance(m, dict):
+                raise ValueError(f"{where}message {j} is a {type(m).__name__}, not a dict {{'role': ..., "
+                                 "'content': ...}")
+            for key in ("role", "content"):
+                value = m.get(key)
+                if not isinstance(value, str) or (key == "role" and not value):
+                    raise ValueError(f"{where}message {j} ({str(m.get('role'))[:20]!r}): its {key!r} is "
+                                     f"{str(value)[:40]!r} ({type(value).__name__}); it must be a "
+                                     f"{'non-empty ' if key == 'role' else ''}string (kvscope's chat takes text)")
+        out.append(list(conversation))
+    return out
+
+
+def chat_prompt_ids(tokenizer, conversation: Sequence[dict], index: int | None = None) -> list[int]:
+    """A conversation's token ids through ``tokenizer``'s chat template, ending with the assistant's turn to speak.
+    A conversation the template refuses (roles that must alternate, say) is a ``ValueError`` naming it."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template (a base model?): use generate() with plain "
                          "prompts, or give a tokenizer that has one")
-    if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
-        raise ValueError("a conversation is a non-empty list of {'role': ..., 'content': ...} messages")
-    ids = tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True)
+    (conversation,) = conversations_of(conversation)
+    try:
+        ids = tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # jinja2's TemplateError (raise_exception in a template), TypeError, ...
+        where = "the conversation" if index is None else f"conversation {index}"
+        raise ValueError(f"the chat template refused {where}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if hasattr(ids, "keys"):  # transformers returns a BatchEncoding when asked for a dict
         ids = ids["input_ids"]
     return [int(t) for t in ids]

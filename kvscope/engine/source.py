@@ -85,9 +85,14 @@ class EngineSource:
     ``benchmarks/overhead.py`` times ``record`` by replacing it on the instance."""
 
     def __init__(self, recorder: Recorder | None, scheduler: Scheduler, speculator: Speculator | None,
-                 block_size: int) -> None:
+                 block_size: int, worker: Worker[Any, Any] | None = None) -> None:
         self.recorder, self.scheduler, self.speculator = recorder, scheduler, speculator
         self.block_size = block_size
+        # whose attention kernel each record names (StepRecord.attention_backend); a simulation's runs none
+        self.worker = worker if worker is not None and worker.backend_name != "simulated" else None
+        self._kernel = recorder.meta.get("attention_backend") if recorder is not None else None
+        if recorder is not None and self.worker is not None:  # the key exists before any snapshot copies meta
+            recorder.meta.setdefault("attention_backend_switches", [])
         self.step_index = 0
         if recorder is not None and GC_TIMER not in gc.callbacks:
             gc.callbacks.append(GC_TIMER)
@@ -139,7 +144,20 @@ class EngineSource:
         batch = make(self.step_index, sched, sampled, num_finished, accepted, spec)
         gc_total = GC_TIMER.total_ns
         batch.wait_reason, batch.gc_ns, self._gc_seen = self.scheduler.wait_reason, gc_total - self._gc_seen, gc_total
+        if self.worker is not None:
+            batch.attention_backend = self._kernel_of_step(recorder)
         return recorder.record_step(batch, timings, self.scheduler.make_stats())
+
+    def _kernel_of_step(self, recorder: Recorder) -> str:
+        """The attention kernel of the step just run; a change (the C++ kernel built in the background taking
+        over from torch, ``kernels/background_build.py``) is added to meta's ``attention_backend_switches``."""
+        assert self.worker is not None
+        name = self.worker.backend_name
+        if name != self._kernel:  # a new list for the existing key: a snapshot on another thread may be copying it
+            switch = {"step": self.step_index, "from": self._kernel, "to": name, "t_unix_s": time.time()}
+            recorder.meta["attention_backend_switches"] = [*recorder.meta.get("attention_backend_switches", ()), switch]
+            self._kernel = name
+        return name
 
     def record_state(self) -> StepRecord | None:
         """``Engine.record_state``: a zero-duration record with nothing scheduled, if the state changed."""

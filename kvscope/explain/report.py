@@ -1,7 +1,9 @@
 """What ``kvscope explain`` shows of the prefix-cache rows: run totals, the top divergence points, the text
 around a divergence (when a tokenizer is known), a DataFrame, the JSON document and the printed table.
 
-A ``decode`` argument is any ``list[int] -> str`` (a tokenizer's ``decode``); without one, token ids are shown.
+A ``decode`` argument is any ``list[int] -> str`` (a tokenizer's ``decode``); without one, the run's own prompt
+texts (``meta["texts"]``, where its prompts were text) are split where the two texts first differ
+(``split_texts``), and only where it has none, token ids are shown.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from kvscope.explain.prefix import MISS_CAUSES, PrefixMiss
 
 Decode = Callable[[list[int]], str]
 CONTEXT_TOKENS = 6  # tokens shown on each side of a divergence
+CONTEXT_CHARS = 30  # characters shown on each side of a divergence of two texts
 
 
 def split_text(tokens: list[int], at: int, decode: Decode | None, width: int = CONTEXT_TOKENS) -> str:
@@ -29,14 +32,37 @@ def split_text(tokens: list[int], at: int, decode: Decode | None, width: int = C
     return f"{left}|{right}"
 
 
-def add_text(rows: list[dict[str, Any]], prompts: dict[str, list[int]], decode: Decode | None) -> None:
-    """Give each diverged row ``text`` (its side of the divergence) and ``text_from`` (the earlier request's)."""
+def split_texts(a: str, b: str, width: int = CONTEXT_CHARS) -> tuple[str, str] | None:
+    """``...before|after...`` of each of two texts around their first differing character; None where they do
+    not differ (the tokens differ elsewhere: a template, special tokens)."""
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if a == b:
+        return None
+
+    def side(t: str) -> str:
+        return (("..." if at > width else "") + t[max(0, at - width) : at] + "|" + t[at : at + width]
+                + ("..." if at + width < len(t) else ""))
+
+    return side(a), side(b)
+
+
+def add_text(rows: list[dict[str, Any]], prompts: dict[str, list[int]], decode: Decode | None,
+             texts: dict[str, str] | None = None) -> None:
+    """Give each diverged row ``text`` (its side of the divergence) and ``text_from`` (the earlier request's):
+    decoded tokens with ``decode``; else the prompts' own ``texts`` (request id -> prompt text) where both have
+    one; else token ids."""
     for row in rows:
         at, other = row.get("diverged_at"), row.get("diverged_from")
         if at is None or other is None:
             row["text"] = row["text_from"] = None
             continue
-        row["text"] = split_text(prompts[row["request_id"]], at, decode)
+        rid = row["request_id"]
+        pair = split_texts(texts[rid], texts[other]) if decode is None and texts and rid in texts and \
+            other in texts else None
+        if pair is not None:
+            row["text"], row["text_from"] = pair
+            continue
+        row["text"] = split_text(prompts[rid], at, decode)
         row["text_from"] = split_text(prompts[other], at, decode)
 
 

@@ -45,11 +45,15 @@ class MagicParser(OptionParser):
 def launch(run, args: argparse.Namespace):
     """Start a ``LiveRun`` made from a magic's line: show its dashboard (unless ``-q``), block with ``--wait``,
     return it with ``-o`` (``%kvscope`` and ``%kvscope simulate`` alike)."""
+    from kvscope.magic.history import HISTORY
+
     run.start()
+    HISTORY.started(run)  # %kvscope show displays it again; older dashboards say a newer run exists
     if not args.quiet:
         from IPython.display import display
 
         display(run)
+        HISTORY.displayed(run)
     if args.wait:
         _wait(run, args.quiet)
     return run if args.return_run else None

@@ -20,6 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from kvscope.magic.base import HelpShown, MagicParser, launch
 from kvscope.options.run import MAGIC, OptionError, add_run_options
 from kvscope.runs.background.live import LiveRun
+from kvscope.runs.setup.engine_cache import ENGINES, EngineLease
 from kvscope.runs.setup.prepare import prepare
 from kvscope.runs.setup.spec import RunSpec
 
@@ -33,6 +34,10 @@ Examples::
   %%kvscope --model smollm2 --wait
   Explain the KV cache in one sentence.
   Write a haiku about GPUs.
+
+A rerun with the same model and engine settings reuses the loaded model (reset: the run records what a
+fresh engine would). ``%kvscope show`` displays the running (or last) run's dashboard again, after a page
+reload; ``%kvscope release`` lets go of the loaded models this kernel keeps.
 
 The returned run (``-o``) has ``wait()``, ``stop()``, ``pause()``, ``resume()``, ``outputs``,
 ``steps`` and ``requests`` DataFrames, ``summary()``, ``save_trace()``, ``save_metrics()`` and
@@ -60,10 +65,20 @@ class KVScopeMagics(Magics):
             from kvscope.magic.sweep import magic_sweep
 
             return magic_sweep(rest, cell)
+        if head == "search":  # %kvscope search --space ... --slo ... (kvscope.magic.search)
+            from kvscope.magic.search import magic_search
+
+            return magic_search(rest, cell)
         if head == "simulate":  # %kvscope simulate --step-model step.json ... (kvscope.magic.simulate)
             from kvscope.magic.simulate import magic_simulate
 
             return magic_simulate(rest, cell)
+        if head in ("show", "release"):  # %kvscope show / %kvscope release (kvscope.magic.kept)
+            if cell is not None:
+                raise UsageError(f"%%kvscope {head} takes no cell: use the line magic, %kvscope {head}")
+            from kvscope.magic.kept import magic_release, magic_show
+
+            return (magic_show if head == "show" else magic_release)(rest)
         if head == "watch":  # %kvscope watch http://127.0.0.1:8000 ... (kvscope.magic.watch)
             if cell is not None:
                 raise UsageError("%%kvscope watch takes no cell: use the line magic, %kvscope watch URL ...")
@@ -87,14 +102,19 @@ def build_run(args: argparse.Namespace, cell: str | None = None) -> LiveRun:
         setup = prepare(RunSpec.from_args(args, cell=cell))
     except OptionError as exc:
         raise UsageError(str(exc)) from None
-    return LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=not args.quiet,
+    # the model loaded by an earlier run with these settings is reused (runs/setup/engine_cache.py)
+    return LiveRun(EngineLease(ENGINES, setup), setup.workload, **setup.run_options(), dashboard=not args.quiet,
                    dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
 
 
 def load_ipython_extension(ipython) -> None:
     """Register the magics; in a notebook kernel also load BokehJS inline (offline-safe), which the
     dashboard's ``BokehModel`` widgets need in the page."""
+    from kvscope.magic.history import HISTORY
+
     ipython.register_magics(KVScopeMagics)
+    if HISTORY.pre_run_cell not in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", HISTORY.pre_run_cell)  # which cell runs (history.py)
     if getattr(ipython, "kernel", None) is not None:
         from kvscope.widgets.bokehjs import ensure_bokehjs
 
@@ -102,6 +122,10 @@ def load_ipython_extension(ipython) -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
+    from kvscope.magic.history import HISTORY
+
+    if HISTORY.pre_run_cell in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.unregister("pre_run_cell", HISTORY.pre_run_cell)
     magics = ipython.magics_manager.magics
     for kind in ("line", "cell"):
         magics[kind].pop("kvscope", None)

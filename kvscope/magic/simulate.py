@@ -43,6 +43,9 @@ def magic_simulate(line: str, cell: str | None = None) -> LiveRun | None:
         setup = prepare_simulation(RunSpec.from_args(args, cell=cell), SimSpec(**simulate_fields(args)))
     except OptionError as exc:
         raise UsageError(str(exc)) from None
+    if not args.quiet:
+        for note in setup.notes:  # a replay: the run's settings it starts from, and what the what-if changed
+            print(note)
     run = LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=not args.quiet,
                   dashboard_options={"refresh_hz": args.refresh, "rollover": args.rollover})
     return launch(run, args)

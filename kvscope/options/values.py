@@ -20,7 +20,7 @@ from kvscope.utils.units import parse_bytes
 
 INT64_MAX = 2**63 - 1
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-MAX_REQUESTS = 100_000
+MAX_REQUESTS = 1_000_000  # a simulation of 10**6 requests is bounded in memory (docs/reliability.md)
 MAX_TOKENS = 2**24  # a length of 16,777,216 tokens: beyond any model's context
 MAX_STEP_DELAY = 60.0
 

@@ -37,6 +37,20 @@ def add_watch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin-log", action="append", default=[], metavar="FILE",
                         help="the JSONL that kvscope's vLLM plugin appends to (KVSCOPE_VLLM_PLUGIN=FILE on the "
                              "server): vLLM's own steps and requests; once per URL")
+    requests = parser.add_argument_group("requests (without the plugin: vLLM's OpenTelemetry spans; the prompts sent)")
+    requests.add_argument("--otlp", default=None, metavar="HOST:PORT",
+                          help="receive vLLM's request spans (OTLP/HTTP protobuf) on HOST:PORT: start vLLM with "
+                               "--otlp-traces-endpoint http://HOST:PORT/v1/traces and "
+                               "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf")
+    requests.add_argument("--prompts", default=None, metavar="FILE",
+                          help="the prompts the load generator sent, in sending order (one per line, or .jsonl "
+                               "with prompt or prompt_token_ids): matched to the requests so a replay has them")
+    requests.add_argument("--tokenizer", default=None, metavar="MODEL_OR_DIR",
+                          help="counts the tokens of text prompts as the server does: tiny, smollm2 or a local "
+                               "model folder")
+    requests.add_argument("--chat-template", action="store_true",
+                          help="text prompts were sent in the tokenizer's chat template (vllm bench serve's "
+                               "custom dataset without --skip-chat-template)")
     files = parser.add_argument_group("files (written at the end, and when a server is lost)")
     files.add_argument("--trace", type=out_path, default=None, metavar="FILE", help="Perfetto trace JSON")
     files.add_argument("--metrics", type=out_path, default=None, metavar="FILE", help="metrics JSON Lines")
@@ -47,4 +61,5 @@ def watch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``WatchRun`` keyword arguments (all but the files) from parsed watch options."""
     return {"urls": args.urls, "kv_events": args.kv_events, "kv_events_bind": args.kv_events_bind,
             "replay": args.replay, "topic": args.topic, "interval": args.interval, "duration": args.duration,
-            "plugin_log": args.plugin_log}
+            "plugin_log": args.plugin_log, "otlp": args.otlp, "prompts": args.prompts, "tokenizer": args.tokenizer,
+            "chat_template": args.chat_template}

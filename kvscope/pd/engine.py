@@ -17,7 +17,9 @@ import) and an instance that died (``_lost``).
 
 from __future__ import annotations
 
+import secrets
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ import torch
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.request import Request, RequestOutput, SamplingParams
 from kvscope.pd.config import KV_CONSUMER, KV_PRODUCER, KVTransferConfig, PDLayout
-from kvscope.pd.connector import TransferHandle, discard
+from kvscope.pd.connector import SECRET_BYTES, TransferHandle, discard
 from kvscope.pd.process import InstanceDied, InstanceError, InstanceProcess
 from kvscope.pd.router import Router
 from kvscope.pd.routes import PDRequest, TransferRecord
@@ -61,6 +63,10 @@ class PDEngine(Router[InstanceProcess, KVTransferConfig]):
                             f"model's name or folder (got {type(model).__name__}), and no tokenizer")
         layout = PDLayout.parse(pd)
         kv_config = KVTransferConfig.of(kv_transfer_config)
+        crowded = layout.check_fits()  # before any process starts: refused, or a warning
+        if crowded:
+            warnings.warn(crowded, RuntimeWarning, stacklevel=2)
+        kv_config.check_bindable(layout.num_decode)
         if config is not None:
             engine_kwargs = {**_config_kwargs(config), **engine_kwargs}
         checked = EngineConfig(**engine_kwargs)  # checked here, before any process starts
@@ -68,23 +74,30 @@ class PDEngine(Router[InstanceProcess, KVTransferConfig]):
             raise ValueError("P/D disaggregation hands blocks over by their hashes: keep enable_prefix_caching=True")
         per = max(1, (num_threads or torch.get_num_threads()) // (layout.num_prefill + layout.num_decode))
         instances: dict[str, InstanceProcess] = {}
+        secret = secrets.token_bytes(SECRET_BYTES)  # the zmq transport's: only this engine's instances know it
         try:
             index = {KV_PRODUCER: 0, KV_CONSUMER: 0}
             for name, role in layout.names():
                 kvc = kv_config.for_role(role, index[role])
                 index[role] += 1
-                instances[name] = InstanceProcess(name, model, engine_kwargs, kvc, per)
+                instances[name] = InstanceProcess(name, model, engine_kwargs, kvc, per, secret)
             for inst in instances.values():
                 inst.wait_ready()
         except BaseException:
             _close_all(instances.values())
             raise
         weakref.finalize(self, _close_all, list(instances.values()))  # processes end with the engine
-        first = next(iter(instances.values())).info
+        producer = next(iter(instances.values()))
+        first = producer.info
+        # the instances' own tokenizer (sent over their authenticated pipe): a run prepares its prompts with it as
+        # it does for a colocated Engine (the chat template, special tokens; kvscope.runs.workload.items)
+        tokenizer = producer.call("tokenizer")
         super().__init__(layout, kv_config, instances, clock=WALL_CLOCK, config=checked, model_name=model,
                          spec=PDModel(first["vocab_size"], first["max_model_len"]),
-                         eos_token_ids=frozenset(first["eos_token_ids"]), max_model_len=first["max_model_len"])
+                         eos_token_ids=frozenset(first["eos_token_ids"]), max_model_len=first["max_model_len"],
+                         tokenizer=tokenizer)
         self.inbox: dict[str, list[tuple[list[int], SamplingParams, str]]] = {}  # sent with the instance's next step
+        self.recorder.keep = True  # an instance can die: the router keeps what its steps handed back
 
     def close(self) -> None:
         """End every instance's process (also at ``with`` exit)."""
@@ -129,8 +142,8 @@ class PDEngine(Router[InstanceProcess, KVTransferConfig]):
         pending = [i for i in self.instances.values() if i.alive and i.pending]
         if pending:
             ready = set(wait([i.conn for i in pending], timeout=1.0))
-            for inst in pending:
-                if inst.conn in ready or inst.process.poll() is not None:
+            for inst in pending:  # one that ended, or stopped answering (SIGSTOP, hung), fails its requests
+                if inst.conn in ready or inst.unresponsive() is not None:
                     self._collect(inst)
         self._hand_over_ready()
         out, self.outbox = self.outbox, []

@@ -36,7 +36,8 @@ from kvscope.telemetry.records import RequestEvent, StepRecord
 class InstanceServer(InstanceCore):
     """The commands of one instance, run in its process: ``InstanceCore``'s, and the hand-over's."""
 
-    def __init__(self, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig) -> None:
+    def __init__(self, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
+                 secret: bytes | None = None) -> None:
         engine = Engine(model, **engine_kwargs)
         groups = engine.kv_config.num_groups if engine.kv_config is not None else 1
         if groups != 1:
@@ -50,7 +51,9 @@ class InstanceServer(InstanceCore):
             raise ValueError("an instance's kv_transfer_config names its kv_role (KVTransferConfig.for_role)")
         super().__init__(name, kv_config.kv_role, engine)
         self.tensors = kv_tensors(engine.runner)
-        self.connector = Connector(kv_config)
+        # a consumer takes no ZMQ message larger than a whole prompt's blocks (MAXMSGSIZE)
+        largest = (engine.max_model_len // self.pool.block_size + 1) * block_nbytes(self.tensors)
+        self.connector = Connector(kv_config, secret, max_message_bytes=largest)
         self.fault: str | None = None
         self.published: list[StepRecord | RequestEvent] = []  # the recorder's new items, sent with the next step
         if engine.recorder is not None:
@@ -63,9 +66,10 @@ class InstanceServer(InstanceCore):
         return {**super().info, "pid": os.getpid(), "threads": torch.get_num_threads(),
                 "address": self.connector.address}
 
-    def clear(self) -> None:
-        super().clear()
+    def clear(self) -> dict[str, Any] | None:
+        baseline = super().clear()
         self.published.clear()
+        return baseline
 
     # ---- requests ----------------------------------------------------------------------------------
     def add(self, prompt: Any, params: SamplingParams | None, request_id: str) -> tuple[list[int], str | None]:
@@ -149,11 +153,11 @@ class InstanceServer(InstanceCore):
 
 
 def serve(conn: Connection, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
-          threads: int) -> None:
+          threads: int, secret: bytes | None = None) -> None:
     """The instance process's main: build the engine, report ``ready``, answer commands until ``close``."""
     torch.set_num_threads(max(1, threads))
     try:
-        server = InstanceServer(name, model, engine_kwargs, kv_config)
+        server = InstanceServer(name, model, engine_kwargs, kv_config, secret)
     except BaseException as exc:
         conn.send(("error", type(exc).__name__, f"{name}: {exc}"))
         return

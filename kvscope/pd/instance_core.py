@@ -5,7 +5,7 @@ instance (``kvscope.pd.instance.InstanceServer``: an ``Engine`` in its own proce
 It queues requests on the engine and tracks them until they are reported finished (``queue``, ``collect``),
 holds a consumer's blocks for a request until its scheduler admits it (``pins``), and answers the commands
 the router asks by name (``call``): ``snapshot``, ``clear``, ``stats``, ``abort``, ``tokenize``,
-``detokenize``.
+``detokenize``, ``tokenizer``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class InstanceCore:
         self.first_seen: set[str] = set()
         self.commands: dict[str, Callable[..., Any]] = {
             "snapshot": self.snapshot, "clear": self.clear, "stats": self.stats, "abort": self.abort,
-            "tokenize": self.tokenize, "detokenize": self.detokenize}
+            "tokenize": self.tokenize, "detokenize": self.detokenize, "tokenizer": self.tokenizer}
 
     @property
     def info(self) -> dict[str, Any]:
@@ -109,10 +109,19 @@ class InstanceCore:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.engine.decode(list(token_ids))
 
-    def clear(self) -> None:
-        """A new run: the engine's recorder forgets what it recorded."""
-        if self.engine.recorder is not None:
-            self.engine.recorder.clear()
+    def tokenizer(self) -> Any:
+        """The engine's own tokenizer (``None`` for a model without one): the router prepares prompts with it
+        exactly as a colocated run does (``WorkItem.prompt_for``: the chat template, special tokens), so a P/D
+        run submits the same token ids as an ``Engine`` on the same model."""
+        return self.engine.tokenizer
+
+    def clear(self) -> dict[str, Any] | None:
+        """A new run: the engine's recorder forgets what it recorded; its baseline (the cumulative counters the
+        run's count from), for the router to keep in case this instance dies."""
+        if self.engine.recorder is None:
+            return None
+        self.engine.recorder.clear()
+        return dict(self.engine.recorder.baseline)
 
     def snapshot(self) -> Snapshot | None:
         recorder = self.engine.recorder

@@ -14,12 +14,15 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Listener
 from typing import Any
 
 from kvscope.pd.config import AUTHKEY_ENV, KVTransferConfig
 
 READY_TIMEOUT_S = 300.0  # building an engine (loading + probing the model) in a fresh process
+ANSWER_TIMEOUT_S = 300.0  # the longest any command (a step of a long prompt on a slow machine) may take
+STOPPED_GRACE_S = 2.0  # a process stopped (SIGSTOP, a debugger) this long answers nothing: given up on
 
 
 class InstanceError(RuntimeError):
@@ -39,7 +42,7 @@ class InstanceProcess:
     ``call``; ``close`` ends the process (joined, else terminated, else killed)."""
 
     def __init__(self, name: str, model: str, engine_kwargs: dict[str, Any], kv_config: KVTransferConfig,
-                 threads: int) -> None:
+                 threads: int, secret: bytes | None = None) -> None:
         if kv_config.kv_role is None:
             raise ValueError("an instance's kv_transfer_config names its kv_role (KVTransferConfig.for_role)")
         self.name, self.role, self.kv_config, self.threads = name, kv_config.kv_role, kv_config, threads
@@ -48,10 +51,12 @@ class InstanceProcess:
             env = {**os.environ, AUTHKEY_ENV: authkey.hex(), "OMP_NUM_THREADS": str(threads)}
             self.process = subprocess.Popen([sys.executable, "-m", "kvscope.pd.process", listener.address], env=env)
             self.conn = self._accept(listener)
-        self.conn.send((name, model, engine_kwargs, kv_config, threads))
+        self.conn.send((name, model, engine_kwargs, kv_config, threads, secret))  # the KV transport's secret
         self.info: dict[str, Any] = {}
         self.dead: str | None = None  # why it is gone, once it is
         self.pending = False
+        self.sent_at = 0.0  # time.monotonic() of the last send: a deadline on its answer
+        self.stopped_since: float | None = None  # when it was first seen stopped (state T), while it stays so
 
     def _accept(self, listener: Listener):
         got: list = []
@@ -72,7 +77,7 @@ class InstanceProcess:
         return self.dead is None
 
     def wait_ready(self) -> dict[str, Any]:
-        self.pending = True
+        self.pending, self.sent_at = True, time.monotonic()
         self.info = self.result(READY_TIMEOUT_S)
         return self.info
 
@@ -84,18 +89,37 @@ class InstanceProcess:
         except (OSError, BrokenPipeError) as exc:
             raise self._died(f"the pipe broke: {exc}") from None
         self.pending = True
+        self.sent_at = time.monotonic()
+        self.stopped_since = None
+
+    def unresponsive(self, timeout_s: float | None = None) -> str | None:
+        """Why the command in flight will not be answered (``None``: it may yet be): the process ended, it has
+        been stopped (SIGSTOP) for ``STOPPED_GRACE_S``, or ``timeout_s`` (default ``ANSWER_TIMEOUT_S``) passed
+        since the command was sent."""
+        if timeout_s is None:
+            timeout_s = ANSWER_TIMEOUT_S
+        if self.process.poll() is not None:
+            return ""
+        now = time.monotonic()
+        if _stopped(self.process.pid):
+            self.stopped_since = self.stopped_since or now
+            if now - self.stopped_since >= STOPPED_GRACE_S:
+                return f"stopped (SIGSTOP?) for {STOPPED_GRACE_S:.0f} s, not answering: killed"
+        else:
+            self.stopped_since = None
+        if now - self.sent_at >= timeout_s:
+            return f"no answer within {timeout_s:.0f} s: killed"
+        return None
 
     def result(self, timeout_s: float | None = None) -> Any:
         """The answer to the last ``send``; ``InstanceError`` if it failed, ``InstanceDied`` if the process
-        ended (``timeout_s``: also if no answer came in time)."""
-        waited = 0.0
+        ended, was stopped or did not answer within ``timeout_s`` (default ``ANSWER_TIMEOUT_S``): every wait
+        on an instance ends (``unresponsive``); one given up on is killed."""
         try:
             while not self.conn.poll(0.2):
-                waited += 0.2
-                if self.process.poll() is not None:
-                    raise self._died("") from None
-                if timeout_s is not None and waited >= timeout_s:
-                    raise self._died(f"no answer within {timeout_s:.0f} s")
+                why = self.unresponsive(timeout_s)
+                if why is not None:
+                    raise self._died(why) from None
             reply = self.conn.recv()
         except (EOFError, OSError) as exc:
             raise self._died(str(exc)) from None
@@ -112,13 +136,20 @@ class InstanceProcess:
         return self.result(timeout_s)
 
     def _died(self, detail: str) -> InstanceDied:
+        """It is gone (``detail``: why, if it had not ended by itself; then it is killed, so it cannot come back
+        and act on what the router has given up on)."""
+        if detail.endswith("killed"):
+            self.process.kill()
         try:
             code = self.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             code = None
         pid = self.info.get("pid", self.process.pid)
-        self.dead = (f"{self.role} instance {self.name} (pid {pid}) died (exit code {code})"
-                     + (f": {detail}" if detail else ""))
+        if detail.endswith("killed"):
+            self.dead = f"{self.role} instance {self.name} (pid {pid}) {detail}"
+        else:
+            self.dead = (f"{self.role} instance {self.name} (pid {pid}) died (exit code {code})"
+                         + (f": {detail}" if detail else ""))
         return InstanceDied(self.dead)
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -145,15 +176,27 @@ class InstanceProcess:
             self.dead = f"{self.role} instance {self.name} was closed"
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T``: SIGSTOP / SIGTSTP, ``t``: a tracer), from ``/proc`` (Linux; elsewhere
+    never: the answer deadline still bounds the wait)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2:].split()  # the command name, in parentheses, may hold spaces
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
 def main(argv: list[str]) -> None:
     """An instance process: connect to the router, then serve (``kvscope.pd.instance``) until told to close."""
     from multiprocessing.connection import Client
 
     conn = Client(argv[0], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
-    name, model, engine_kwargs, kv_config, threads = conn.recv()
+    name, model, engine_kwargs, kv_config, threads, secret = conn.recv()
     from kvscope.pd.instance import serve
 
-    serve(conn, name, model, engine_kwargs, kv_config, threads)
+    serve(conn, name, model, engine_kwargs, kv_config, threads, secret)
     conn.close()
 
 

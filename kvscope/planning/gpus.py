@@ -40,6 +40,25 @@ ALIASES = {"a100": "a100-40gb", "h100-sxm": "h100", "h100-80gb": "h100", "h100-s
            "a10": "a10g"}
 
 
+# The link tensor parallelism all-reduces over, per GPU and per direction (bytes/s), from the data sheets: NVLink 3
+# on the A100 SXM (600 GB/s both ways), NVLink 4 on the H100 / H200 SXM (900 GB/s both ways), Infinity Fabric on
+# the MI300X (~448 GB/s per direction to its 7 peers: 64 GB/s per link x 7), and PCIe for the cards without NVLink
+# (Gen4 x16: 32 GB/s per direction; Gen5 x16: 64 GB/s). ``kvscope.sim.roofline`` times tp=N's all-reduces by it.
+INTERCONNECT_BYTES_S: dict[str, tuple[float, str]] = {
+    "a100-40gb": (300 * GB, "NVLink 3"), "a100-80gb": (300 * GB, "NVLink 3"), "h100": (450 * GB, "NVLink 4"),
+    "h100-pcie": (64 * GB, "PCIe Gen5 x16"), "h200": (450 * GB, "NVLink 4"), "l4": (32 * GB, "PCIe Gen4 x16"),
+    "a10g": (32 * GB, "PCIe Gen4 x16"), "rtx-4090": (32 * GB, "PCIe Gen4 x16"), "mi300x": (448 * GB, "Infinity Fabric"),
+}
+
+# What one GPU costs per hour (USD), for ``kvscope search``'s goodput per dollar (``--gpu-cost`` overrides it): on-
+# demand list prices of one GPU's share of a cloud instance in 2025 (AWS p4d / p4de / p5 / g5 / g6, Azure ND MI300X
+# v5; an RTX 4090 at community-cloud rates). Prices move; the ranking of configurations on one GPU does not.
+USD_PER_HOUR: dict[str, float] = {
+    "a100-40gb": 4.10, "a100-80gb": 5.12, "h100": 6.88, "h100-pcie": 4.50, "h200": 7.91, "l4": 0.98,
+    "a10g": 1.01, "rtx-4090": 0.69, "mi300x": 6.00,
+}
+
+
 def find_gpu(name: str) -> GPUSpec:
     """The GPU called ``name`` (any case, or an alias); ``ValueError`` naming the known ones."""
     key = name.strip().lower()

@@ -17,6 +17,17 @@ a block boundary). The per-request figures then add the full and the sliding lay
 
 Sizes use binary units throughout (``GB`` == ``GiB``), as ``kvscope.utils.units.parse_bytes`` reads them.
 
+Defaults, one rule for ``kvscope plan`` and ``kvscope simulate --gpu`` / ``--static``
+(``kvscope.runs.setup.simulated``), the course chapter's (a 7B Llama in fp16 on a 40 GB GPU: 14 GB of weights,
+4 GB reserved, 2048 tokens at most):
+
+- weights (``weights_bytes``): billions of parameters x bytes per parameter, as GiB (the binary units above),
+  counting a known model by the size class it is named by (``shapes.SIZE_CLASS_B``: llama-7b is 7B, so 14 GiB in
+  fp16; its exact 6.74B would be 12.6 GiB, the rest is headroom for the runtime's own buffers);
+- reserve (``DEFAULT_RESERVE``): 4 GiB for activations and the CUDA context;
+- the longest sequence (``default_max_len``): 2048 tokens, or the model's maximum if below; a static reservation
+  holds that many slots per request.
+
 The model's shape is a ``ModelShape`` (``kvscope.planning.shapes``: the known shapes, a folder's config.json),
 its bytes per token ``kvscope.models.hf_config.kv_bytes_per_token``, the formula the engine's ``ModelSpec`` uses.
 """
@@ -27,12 +38,32 @@ import json
 from dataclasses import asdict, dataclass
 
 from kvscope.models.hf_config import kv_bytes_per_token
-from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape, shape_from_config
-from kvscope.utils.units import fmt_bytes
+from kvscope.planning.shapes import KNOWN_MODELS, ModelShape, known_shape, shape_from_config, size_class
+from kvscope.utils.units import GiB, fmt_bytes
 
 # The shapes' names, kept importable from here for kvscope plan and the notebooks (their home: planning.shapes)
-__all__ = ["DTYPE_BYTES", "KNOWN_MODELS", "ModelShape", "Plan", "fmt_bytes", "known_shape", "make_plan", "render",
-           "shape_from_config"]
+__all__ = ["DEFAULT_MAX_LEN", "DEFAULT_RESERVE", "DTYPE_BYTES", "KNOWN_MODELS", "ModelShape", "Plan",
+           "default_max_len", "fmt_bytes", "known_shape", "make_plan", "render", "shape_from_config", "weights_bytes"]
+
+DEFAULT_RESERVE = 4 * GiB  # activations and the CUDA context: the course's 40 GB - 14 GB of weights - 4 GB
+DEFAULT_MAX_LEN = 2048  # the course's longest sequence: what a static reservation holds per request
+
+
+def default_max_len(model_max: int = 0) -> int:
+    """The longest sequence when none is given: ``DEFAULT_MAX_LEN``, or the model's maximum if below it."""
+    return min(DEFAULT_MAX_LEN, model_max) if model_max > 0 else DEFAULT_MAX_LEN
+
+
+def weights_bytes(name: str, num_params: int, nbytes: int) -> tuple[int, str] | None:
+    """The weights' memory by the module doc's rule, and how it was counted; ``None`` when the parameter count
+    is unknown."""
+    size = size_class(name)
+    if size:
+        exact = f"; exactly {num_params / 1e9:.2f}B" if num_params else ""
+        return round(size * nbytes * GiB), f"{size:g}B params x {nbytes} B, its size class{exact}"
+    if num_params:
+        return round(num_params / 1e9 * nbytes * GiB), f"{num_params / 1e9:.2f}B params x {nbytes} B"
+    return None
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
                "fp8": 1, "float8": 1, "int8": 1}
@@ -78,12 +109,15 @@ class Plan:
 
 
 def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = None,
-              weights: int | None = None, reserve: int = 0, max_len: int = 2048, avg_len: int = 512,
-              block_size: int = 16) -> Plan:
-    """The capacity plan. ``weights=None`` takes parameters x dtype bytes from the shape.
-    Raises ``ValueError`` for inconsistent inputs (the message says which and how to fix it)."""
+              weights: int | None = None, reserve: int = DEFAULT_RESERVE, max_len: int | None = None,
+              avg_len: int = 512, block_size: int = 16) -> Plan:
+    """The capacity plan. ``weights=None`` counts them by ``weights_bytes``; ``max_len=None`` is
+    ``default_max_len`` of the model. Raises ``ValueError`` for inconsistent inputs (the message says which and
+    how to fix it)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of fp32, fp16, bf16, fp8")
+    if max_len is None:
+        max_len = default_max_len(shape.max_position_embeddings)
     if avg_len > max_len:
         raise ValueError(f"--avg-len {avg_len} is above --max-len {max_len}; the average cannot exceed the maximum")
     if shape.num_sliding_layers > shape.num_layers:
@@ -111,10 +145,11 @@ def make_plan(shape: ModelShape, *, dtype: str = "fp16", gpu_mem: int | None = N
     if gpu_mem is None:
         return plan
     if weights is None:
-        if not shape.num_params:
+        counted = weights_bytes(shape.name, shape.num_params, nbytes)
+        if counted is None:
             raise ValueError(f"the weights of {shape.name!r} are unknown: give their size with --weights "
                              "(e.g. --weights 14GiB, or 0 to ignore them)")
-        weights, plan.weights_source = shape.num_params * nbytes, f"{shape.num_params / 1e9:.2f}B params x {nbytes} B"
+        weights, plan.weights_source = counted
     else:
         plan.weights_source = "given"
     budget = gpu_mem - weights - reserve

@@ -42,6 +42,9 @@ class ModelShape:
     note: str = ""
     sliding_window: int = 0  # 0 = no sliding-window layers
     num_sliding_layers: int = 0  # of num_layers (all of them when a window is given without a count)
+    num_experts: int = 0  # mixture of experts: routed experts per MoE layer (0: a dense model; moe_of)
+    experts_per_token: int = 0
+    expert_params: int = 0  # the parameters in the routed experts, all layers (the roofline's total vs active)
 
     def __post_init__(self) -> None:
         if self.sliding_window and not self.num_sliding_layers:
@@ -70,6 +73,11 @@ KNOWN_MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("smollm2", 30, 3, 64, 9, 134_515_008, 8192, "SmolLM2-135M: 9 query heads, 3 KV heads"),
     ModelShape("tiny", 2, 2, 16, 4, 139_584, 2048, "kvscope's random test model"),
 )}
+# The size class each known model is named by, in billions of parameters (Llama-2-7B has 6.74B: class 7). The
+# course counts weights by it: 7B x 2 B (fp16) = 14 GB (``kvscope.planning.planner.weights_bytes``).
+SIZE_CLASS_B: dict[str, float] = {"llama-7b": 7, "llama-13b": 13, "llama-70b": 70, "llama-3-8b": 8,
+                                  "llama-3-70b": 70, "mistral-7b": 7, "gemma-2-9b": 9, "qwen2.5-0.5b": 0.5,
+                                  "qwen2.5-7b": 7, "qwen2.5-14b": 14}
 ALIASES = {"llama-2-7b": "llama-7b", "llama2-7b": "llama-7b", "llama-2-13b": "llama-13b",
            "llama-2-70b": "llama-70b", "llama3-8b": "llama-3-8b", "mistral": "mistral-7b",
            "qwen2.5": "qwen2.5-7b", "smollm2-135m": "smollm2", "gpt2-small": "gpt2"}
@@ -80,6 +88,12 @@ def known_shape(name: str) -> ModelShape | None:
     return KNOWN_MODELS.get(ALIASES.get(key, key))
 
 
+def size_class(name: str) -> float | None:
+    """The billions of parameters a known model is named by (``SIZE_CLASS_B``), ``None`` for others."""
+    key = name.strip().lower()
+    return SIZE_CLASS_B.get(ALIASES.get(key, key))
+
+
 def shape_of_config(text: Mapping[str, Any], name: str, num_params: int = 0, note: str = "") -> ModelShape | None:
     """The shape the language model's settings (``hf_config.text_part`` of a config) declare, or ``None`` if
     they do not describe a decoder (layers, heads and hidden size)."""
@@ -88,7 +102,23 @@ def shape_of_config(text: Mapping[str, Any], name: str, num_params: int = 0, not
         return None
     window, num_sliding = sliding_layers(text, dims.num_layers)
     return ModelShape(name, dims.num_layers, dims.num_kv_heads, dims.head_dim, dims.num_heads, num_params,
-                      max_positions(text), note, window, num_sliding)
+                      max_positions(text), note, window, num_sliding, *moe_of(text, dims.num_layers))
+
+
+def moe_of(text: Mapping[str, Any], num_layers: int) -> tuple[int, int, int]:
+    """A mixture of experts' (experts, experts per token, parameters in the experts) from its config's names:
+    Mixtral's ``num_local_experts``, Qwen-MoE's ``num_experts``, DeepSeek's ``n_routed_experts`` (its first
+    ``first_k_dense_replace`` layers dense); ``num_experts_per_tok``; an expert's gate, up and down projections,
+    3 x hidden x (``moe_intermediate_size`` or ``intermediate_size``). ``(0, 0, 0)`` for a dense model."""
+    experts = next((v for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(v := text.get(k), int) and not isinstance(v, bool) and v > 1), 0)
+    top_k, hidden = text.get("num_experts_per_tok"), text.get("hidden_size")
+    inter = text.get("moe_intermediate_size") or text.get("intermediate_size")
+    if not experts or not all(isinstance(v, int) and v > 0 for v in (top_k, hidden, inter)):
+        return 0, 0, 0
+    dense = text.get("first_k_dense_replace") or 0
+    moe_layers = max(num_layers - (dense if isinstance(dense, int) else 0), 0)
+    return experts, min(int(top_k), experts), moe_layers * experts * 3 * int(hidden) * int(inter)
 
 
 def shape_from_config(folder: str | Path) -> ModelShape:

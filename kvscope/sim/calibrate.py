@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.sim.step_model import LinearStepModel, PhaseFit
+from kvscope.sim.verdict import coefficient_units, describe_verdict, judge_fit
 from kvscope.telemetry.records import StepRecord
 from kvscope.telemetry.step_features import FEATURE_NAMES, PHASES, StepFeatures
 
@@ -38,8 +39,10 @@ NUM_QUANTILES = 41
 NOT_SEPARABLE = ("blocks",)
 
 
-def step_samples(records: Sequence[StepRecord], block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``[N, F]`` and periods ``[N]`` (seconds) of the steps that computed tokens."""
+def step_samples(records: Sequence[StepRecord], block_size: int,
+                 untimed: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Features ``[N, F]`` and periods ``[N]`` (seconds) of the steps that computed tokens in a time above 0
+    (a step of no length cannot be timed: its step number goes into ``untimed``)."""
     rows, periods = [], []
     for i, r in enumerate(records):
         if not r.scheduled and not (r.num_tokens and r.duration_ns > 0):
@@ -49,6 +52,10 @@ def step_samples(records: Sequence[StepRecord], block_size: int) -> tuple[np.nda
         if r.scheduled and nxt is not None and nxt.scheduled and (r.num_running or r.num_waiting) \
                 and nxt.t_start_ns >= r.t_end_ns:
             period = nxt.t_start_ns - r.t_start_ns
+        if period <= 0:
+            if untimed is not None:
+                untimed.append(r.step)
+            continue
         rows.append(StepFeatures.of_record(r, block_size).values())
         periods.append(period / 1e9)
     return np.asarray(rows, dtype=np.float64).reshape(-1, len(FEATURE_NAMES)), np.asarray(periods)
@@ -84,12 +91,16 @@ def fit_phase(x: np.ndarray, y: np.ndarray, min_intercept: float = 0.0) -> tuple
 
 def fit_step_model(records: Sequence[StepRecord], block_size: int, source: str = "") -> LinearStepModel:
     """The step model of a run; ``ValueError`` if it has too few steps to fit."""
-    x, y = step_samples(records, block_size)
+    untimed: list[int] = []
+    x, y = step_samples(records, block_size, untimed)
     if len(y) < MIN_STEPS:
+        zero = (f"; {len(untimed)} of its steps have no length (start and end at the same time, e.g. step "
+                f"{untimed[0]}: an edited file or a clock too coarse to time them), so they cannot be fitted"
+                if untimed else "")
         raise ValueError(f"the run has {len(y)} timed steps that computed tokens; calibrating needs at least "
                          f"{MIN_STEPS} (run more requests or longer outputs; a watched vLLM must run with "
                          "--enable-logging-iteration-details and the kvscope plugin, whose step lines then carry each "
-                         "step's tokens and time)")
+                         f"step's tokens and time){zero}")
     held = np.zeros(len(y), dtype=bool)
     held[HOLD_OUT_EVERY - 1 :: HOLD_OUT_EVERY] = True
     prefill = x[:, FEATURE_NAMES.index("prefill_tokens")] > 0
@@ -101,6 +112,8 @@ def fit_step_model(records: Sequence[StepRecord], block_size: int, source: str =
     phases["prefill"], unfitted["prefill"] = fit_phase(x[mixed], y[mixed], phases["decode"].intercept_s)
     model = LinearStepModel({name: phases[name] for name in PHASES}, source=source)
     model.fit = fit_report(model, x, y, held, unfitted)
+    if untimed:
+        model.fit["untimed_steps"] = len(untimed)
     return model
 
 
@@ -110,29 +123,61 @@ def fit_report(model: LinearStepModel, x: np.ndarray, y: np.ndarray, held: np.nd
     pred = np.array([model.expected(StepFeatures(*map(int, row))) for row in x])
     test = held if held.any() else ~held
     rel = np.abs(pred[test] - y[test]) / np.maximum(y[test], 1e-9)
-    return {
+    median = float(np.median(y))
+    report = {
         "steps": len(y),
         "held_out_steps": int(test.sum()),
         "held_out_median_abs_error": float(np.median(rel)),
         "held_out_p90_abs_error": float(np.percentile(rel, 90)),
-        "held_out_total_error": float(pred[test].sum() / y[test].sum() - 1),
-        "all_total_error": float(pred.sum() / y.sum() - 1),
+        "held_out_total_error": float(pred[test].sum() / max(float(y[test].sum()), 1e-12) - 1),
+        "all_total_error": float(pred.sum() / max(float(y.sum()), 1e-12) - 1),
         "mean_step_s": float(y.mean()),
+        # the step times' own variation, and the machine's noise (kvscope.sim.verdict reads both)
+        "spread": float(np.median(np.abs(y - median)) / median) if median > 0 else None,
+        "jitter": jitter(x, y),
         "features_not_varied": unfitted,
     }
+    return {k: v if not isinstance(v, float) or np.isfinite(v) else None for k, v in report.items()}  # JSON
 
 
-def describe_fit(model: LinearStepModel) -> str:
-    """The fit as a few lines for the terminal."""
+def jitter(x: np.ndarray, y: np.ndarray, min_pairs: int = 5) -> float | None:
+    """The median relative difference of consecutive decode-only steps with the same batch (the same requests
+    and decode tokens: their work differs by a context token each), i.e. the machine's step-to-step noise;
+    ``None`` with fewer than ``min_pairs`` such pairs."""
+    p, d, n = (FEATURE_NAMES.index(k) for k in ("prefill_tokens", "decode_tokens", "num_seqs"))
+    like = (x[1:, p] == 0) & (x[:-1, p] == 0) & (x[1:, d] == x[:-1, d]) & (x[1:, n] == x[:-1, n])
+    if int(like.sum()) < min_pairs:
+        return None
+    a, b = y[1:][like], y[:-1][like]
+    return float(np.median(np.abs(a - b) / np.maximum((a + b) / 2, 1e-12)))
+
+
+def describe_fit(model: LinearStepModel, run: str | None = None, output: str | None = None) -> str:
+    """The fit as a few lines for the terminal: the step time per phase with each coefficient's unit, the
+    held-out error beside the step times' noise, and the verdict (``kvscope.sim.verdict``) with the next
+    command (when ``run`` and ``output`` are given)."""
     fit = model.fit
+
+    def num(key: str) -> float:
+        value = fit.get(key)
+        return float(value) if isinstance(value, (int, float)) else float("nan")
+
     lines = [f"step model fitted on {fit.get('steps', '?')} steps of {model.source or 'the run'} "
-             f"(mean step {fit.get('mean_step_s', 0) * 1e3:.2f} ms); per phase, a fixed cost plus:"]
+             f"(mean step {num('mean_step_s') * 1e3:.2f} ms); the time of a step, per phase:"]
     for name, phase in model.phases.items():
-        terms = ", ".join(f"{k} {v * 1e6:.3g} us" for k, v in phase.coef.items() if v > 0) or "nothing else"
+        terms = coefficient_units(phase.coef)
         q = phase.ratio_quantiles
-        lines.append(f"  {name:<8} {phase.intercept_s * 1e3:.3f} ms + {terms}; scatter x{q[len(q) // 2]:.2f} median "
-                     f"(x{q[len(q) // 10]:.2f}-x{q[-1 - len(q) // 10]:.2f})")
+        lines.append(f"  {name:<8} {phase.intercept_s * 1e3:.3f} ms per step" + "".join(f" + {t}" for t in terms)
+                     + (f"; scatter x{q[len(q) // 2]:.2f} median (x{q[len(q) // 10]:.2f}-x{q[-1 - len(q) // 10]:.2f})"
+                        if q else ""))
+    noise = [f"step times spread {num('spread'):.1%}" if fit.get("spread") is not None else "",
+             f"consecutive like steps differ {num('jitter'):.1%}" if fit.get("jitter") is not None else ""]
+    noise_text = "; ".join(n for n in noise if n)
     lines.append(f"held-out steps ({fit.get('held_out_steps', 0)}): median error "
-                 f"{fit.get('held_out_median_abs_error', 0):.1%}, p90 {fit.get('held_out_p90_abs_error', 0):.1%}, "
-                 f"total {fit.get('held_out_total_error', 0):+.1%}")
+                 f"{num('held_out_median_abs_error'):.1%}, p90 {num('held_out_p90_abs_error'):.1%}, "
+                 f"total {num('held_out_total_error'):+.1%}" + (f" ({noise_text})" if noise_text else ""))
+    if fit.get("untimed_steps"):
+        lines.append(f"left out: {fit['untimed_steps']} steps of no length (they cannot be timed)")
+    if run is not None and output is not None:
+        lines += describe_verdict(judge_fit(fit), run, output)
     return "\n".join(lines)

@@ -37,6 +37,29 @@ from typing import IO, Any, Protocol
 
 from kvscope.telemetry.step_features import FEATURE_NAMES, PHASES, StepFeatures, phase_of
 
+# Bounds of a step model (docs/reliability.md): a file from ``kvscope calibrate`` is a few KB, and its values are
+# seconds per step or per unit of a feature. Beyond these a simulation's virtual clock would leave 64 bits within a
+# few steps (``kvscope.utils.clock.MAX_VIRTUAL_NS``), so they are refused when the model is read.
+MAX_STEP_MODEL_BYTES = 256 << 10
+MAX_INTERCEPT_S = 3600.0  # a step's fixed cost: an hour at most
+MAX_COEF_S = 60.0  # the cost of one unit of a feature (a token, a sequence, a block): a minute at most
+MAX_RATIO = 1000.0  # the scatter: measured / line
+MAX_QUANTILES = 1001
+_PHASE_FIELDS = {"intercept_s", "coef", "ratio_quantiles"}
+
+
+def check_number(where: str, value: Any, hi: float) -> float:
+    """``value`` as a float if it is a JSON number (never a string or a boolean), finite, from 0 to ``hi``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} is {str(value)[:40]!r} ({type(value).__name__}): it must be a number")
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x) or x < 0 or x > hi:
+        raise ValueError(f"{where}={str(value)[:40]} must be a finite number from 0 to {hi:g}")
+    return x
+
 
 class StepTimeModel(Protocol):
     """What times a simulated step (``kvscope.sim.worker.SimWorker`` calls ``predict``): ``LinearStepModel`` or
@@ -61,13 +84,14 @@ class PhaseFit:
         unknown = set(self.coef) - set(FEATURE_NAMES)
         if unknown:
             raise ValueError(f"step model has unknown features {sorted(unknown)}; known: {list(FEATURE_NAMES)}")
-        for key, value in [("intercept_s", self.intercept_s), *self.coef.items(),
-                           *(("ratio", q) for q in self.ratio_quantiles)]:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-                    or value < 0 or value > 1e6:
-                raise ValueError(f"step model value {key}={value!r} must be a finite number >= 0")
-        if not self.ratio_quantiles:
-            raise ValueError("step model ratio_quantiles is empty")
+        check_number("intercept_s", self.intercept_s, MAX_INTERCEPT_S)
+        for name, value in self.coef.items():
+            check_number(f"coef.{name}", value, MAX_COEF_S)
+        if not self.ratio_quantiles or len(self.ratio_quantiles) > MAX_QUANTILES:
+            raise ValueError(f"ratio_quantiles has {len(self.ratio_quantiles)} values: 1 to "
+                             f"{MAX_QUANTILES} are allowed")
+        for i, q in enumerate(self.ratio_quantiles):
+            check_number(f"ratio_quantiles[{i}]", q, MAX_RATIO)
 
     def line(self, f: StepFeatures) -> float:
         total = self.intercept_s
@@ -122,20 +146,73 @@ class LinearStepModel:
 
 
 def load_step_model(path: str | os.PathLike) -> LinearStepModel:
-    """A step model saved by ``kvscope calibrate``; ``ValueError`` naming the problem otherwise."""
+    """A step model saved by ``kvscope calibrate``; ``ValueError`` naming the file and the field otherwise. Read
+    strictly: at most ``MAX_STEP_MODEL_BYTES``, every value of its JSON type (no number as a string, no boolean as
+    a number), every number within its bound, and each phase able to time a step (``_check_moves``)."""
     shown = str(path)
     try:
-        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+        with open(Path(path).expanduser(), "rb") as f:
+            raw = f.read(MAX_STEP_MODEL_BYTES + 1)
     except FileNotFoundError:
         raise ValueError(f"step model {shown!r} does not exist; make one with `kvscope calibrate RUN -o {shown}`") \
             from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read step model {shown!r}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read step model {shown!r}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_STEP_MODEL_BYTES:
+        raise ValueError(f"step model {shown!r} is larger than {MAX_STEP_MODEL_BYTES >> 10} KiB: not a file of "
+                         "`kvscope calibrate` (a few KB)")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also an integer of 4,300+ digits
+        raise ValueError(f"cannot read step model {shown!r}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(data, dict) or data.get("kind") != "linear" or not isinstance(data.get("phases"), dict):
         raise ValueError(f"{shown!r} is not a step model written by `kvscope calibrate`")
     try:
-        phases = {k: PhaseFit(float(p["intercept_s"]), dict(p["coef"]), [float(q) for q in p["ratio_quantiles"]])
-                  for k, p in data["phases"].items()}
-        return LinearStepModel(phases, data.get("fit") or {}, str(data.get("source", "")), int(data.get("seed", 0)))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"step model {shown!r} is malformed ({exc})") from None
+        model = _parse(data)
+    except ValueError as exc:
+        raise ValueError(f"step model {shown!r}: {exc}") from None
+    return model
+
+
+def _parse(data: dict[str, Any]) -> LinearStepModel:
+    phases = data["phases"]
+    if set(phases) != set(PHASES):
+        raise ValueError(f"phases are {sorted(phases)}; a step model has exactly {list(PHASES)}")
+    fits = {}
+    for name in PHASES:
+        p = phases[name]
+        if not isinstance(p, dict) or set(p) != _PHASE_FIELDS:
+            got = sorted(p) if isinstance(p, dict) else type(p).__name__
+            raise ValueError(f"phases.{name} has {got}; it needs exactly {sorted(_PHASE_FIELDS)}")
+        coef, quantiles = p["coef"], p["ratio_quantiles"]
+        if not isinstance(coef, dict):
+            raise ValueError(f"phases.{name}.coef is a {type(coef).__name__}: it must be an object of feature: cost")
+        if not isinstance(quantiles, list):
+            raise ValueError(f"phases.{name}.ratio_quantiles is a {type(quantiles).__name__}: it must be a list of "
+                             "numbers")
+        try:
+            fits[name] = PhaseFit(check_number("intercept_s", p["intercept_s"], MAX_INTERCEPT_S),
+                                  {k: check_number(f"coef.{k}", v, MAX_COEF_S) for k, v in coef.items()},
+                                  [check_number(f"ratio_quantiles[{i}]", q, MAX_RATIO)
+                                   for i, q in enumerate(quantiles)])
+        except ValueError as exc:
+            raise ValueError(f"phases.{name}.{exc}") from None
+        _check_moves(name, fits[name])
+    fit, source, seed = data.get("fit", {}), data.get("source", ""), data.get("seed", 0)
+    if not isinstance(fit, dict):
+        raise ValueError(f"fit is a {type(fit).__name__}: it must be an object")
+    if not isinstance(source, str):
+        raise ValueError(f"source is a {type(source).__name__}: it must be a string")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed={str(seed)[:40]} must be an integer from 0 to 2**64 - 1")
+    return LinearStepModel(fits, fit, source[:1000], seed)
+
+
+def _check_moves(name: str, phase: PhaseFit) -> None:
+    """A step of the phase's smallest kind (one sequence, one token) must take time, else a simulation's clock
+    never moves and its rates are NaN (an all-zero model)."""
+    token = "prefill_tokens" if name == "prefill" else "decode_tokens"
+    smallest = phase.intercept_s + phase.coef.get("num_seqs", 0.0) + phase.coef.get(token, 0.0)
+    if smallest <= 0 or max(phase.ratio_quantiles) <= 0:
+        raise ValueError(f"phases.{name} times a step of one sequence and one token at 0 s: a simulation's clock "
+                         "would never move. Fit it again with `kvscope calibrate RUN -o FILE`")

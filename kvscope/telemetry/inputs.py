@@ -53,6 +53,7 @@ class BatchSummary:
     spec_decode: SpecDecodeStats | None = None  # speculative decoding's share of the step, if on
     wait_reason: str | None = None  # why requests still waited after the schedule (StepRecord.wait_reason)
     gc_ns: int = 0  # the source's time in the garbage collector since its previous step (StepRecord.gc_ns)
+    attention_backend: str | None = None  # the attention kernel the step ran (StepRecord.attention_backend)
     counts: BatchCounts | None = None  # a light batch (no ``scheduled``): its counts (Recorder.detail)
 
 

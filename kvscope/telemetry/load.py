@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.telemetry.export import FORMAT_VERSION, METRICS_FORMAT, TRACE_FORMAT
+from kvscope.telemetry.invariants import check_invariants
 from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.telemetry.serialize import event_from_dict, step_from_dict
 from kvscope.telemetry.trace import is_our_pid
@@ -66,7 +67,7 @@ def read_run_file(path: str | os.PathLike) -> Loaded:
     """(records, events, meta, profiler_events) from a kvscope trace or metrics file."""
     path = Path(path)
     try:
-        return _read(path)
+        loaded = _read(path)
     except RunFileError:
         raise
     except Exception as exc:
@@ -74,6 +75,11 @@ def read_run_file(path: str | os.PathLike) -> Loaded:
         if problem is None:
             raise
         raise RunFileError(f"{path}: {problem}") from None
+    try:
+        check_invariants(loaded[0], loaded[1])
+    except ValueError as exc:
+        raise RunFileError(f"{path}: records that contradict each other: {exc}") from None
+    return loaded
 
 
 # What an error met while reading a file says about the file: the first entry whose type matches (an error of

@@ -10,6 +10,12 @@ KV cache groups and sliding windows: a hybrid model's request hands in its group
 (``ScheduledItem.num_kv_groups``; entry ``j * G + g`` is block ``j`` of group ``g``), and an entry of
 ``-1`` is a block that left a sliding window: the request no longer holds it (its last release came
 as ``"window_freed"``). ``group[b]`` is the group of the table block ``b`` last entered.
+
+Bounded whatever the pool's size: the map covers the pool's first ``MAX_MAPPED_BLOCKS`` blocks (65,536) and no
+more (``mapped_blocks``). The pool hands out its lowest free block first, so a workload that uses fewer blocks
+shows whole; a bigger pool's later blocks are left out of the map (their counts stay in ``KVState``, which covers
+the whole pool). The tracker's lists, a snapshot and a record's ``page_map`` are therefore at most 65,536 entries
+(about 2 MB of JSON per snapshot), even for a simulated GPU pool of millions of blocks.
 """
 
 from __future__ import annotations
@@ -30,14 +36,24 @@ from kvscope.telemetry.records import (
     StepRecord,
 )
 
+MAX_MAPPED_BLOCKS = 1 << 16  # the page map's cover: the pool's first blocks (module doc)
+
+
+def mapped_blocks(num_blocks: int) -> int:
+    """How many of a pool's blocks its page map covers (the first ones)."""
+    return min(num_blocks, MAX_MAPPED_BLOCKS)
+
 
 class PageMapTracker:
     """Owner convention: a used block's owner is its longest-standing current holder (the request
     that took it from the free pool, until that one lets go); a cached block keeps its last owner."""
 
     def __init__(self, num_blocks: int, block_size: int, snapshot_every: int | None = None) -> None:
-        n = num_blocks
-        self.num_blocks, self.block_size = n, block_size
+        n = mapped_blocks(num_blocks)
+        self.num_blocks, self.block_size = n, block_size  # num_blocks: the blocks mapped (the first n)
+        self.pool_blocks = num_blocks
+        if n < num_blocks:  # events of blocks past the map are dropped (the bounded map: module doc)
+            self.on_block_event = self._on_mapped_block_event  # type: ignore[method-assign]
         # A full snapshot every N records keeps replay cheap; bigger pools snapshot less often so
         # that snapshots stay a small share of the recorder's memory.
         self.snapshot_every = snapshot_every or max(128, n // 16)
@@ -72,6 +88,10 @@ class PageMapTracker:
             self.cached[block_id] = False
         else:
             raise ValueError(f"unknown block event {kind!r} (block {block_id})")
+
+    def _on_mapped_block_event(self, kind: str, block_id: int) -> None:
+        if block_id < self.num_blocks:
+            PageMapTracker.on_block_event(self, kind, block_id)
 
     def forget(self, request_id: str) -> None:
         """The request finished or was preempted: it holds none of its blocks any more."""
@@ -112,7 +132,7 @@ class PageMapTracker:
     ) -> tuple[dict[int, PageEntry], bool]:
         """The map's changes for a finished step (or all of it, on a snapshot step): ``block_tables[i]``
         is the block table of ``scheduled[i]``'s request after the step."""
-        bs, dirty, tables = self.block_size, self.dirty, self.tables
+        bs, dirty, tables, mapped = self.block_size, self.dirty, self.tables, self.num_blocks
         entries, refs, owner, group, used = self.entries, self.refs, self.owner, self.group, self.used_entries
         filled: dict[int, int] = {}
         changes: dict[int, PageEntry] = {}
@@ -125,6 +145,8 @@ class PageMapTracker:
             if n == 1 and groups == 1 and mine is not None and len(mine) == len(table) and table[0] >= 0:
                 j = (computed - 1) // bs  # the common case: a decode into its tail block (one group, no nulls)
                 b = table[j]
+                if b >= mapped:  # past the map
+                    continue
                 if refs[b] == 1 and b not in dirty and not group[b]:  # its one holder's, untouched by events
                     o, f = owner[b], computed - j * bs
                     row = used.get(o)  # its entry now, made once per owner and fill level
@@ -147,12 +169,16 @@ class PageMapTracker:
             if n == 1 and len(mine) == len(table):  # a decode into its tail block (each group's)
                 j = (computed - 1) // bs
                 for b in table[j * groups : (j + 1) * groups]:
+                    if b >= mapped:
+                        continue
                     filled[b] = computed - j * bs
                     dirty.add(b)
                 continue
             self._enter(rid, mine, table, groups, first_written, filled)
             for t in range(first_written * groups, min(((computed - 1) // bs + 1) * groups, len(table))):
                 b = table[t]
+                if b >= mapped:
+                    continue
                 filled[b] = min(bs, computed - t // groups * bs)
                 dirty.add(b)
         return self._changes(filled, changes)
@@ -163,8 +189,8 @@ class PageMapTracker:
         for t in range(len(mine), len(table)):
             b = table[t]
             mine.append(b)
-            if b < 0:  # a prefix-cache hit's entry outside the window: never held
-                continue
+            if b < 0 or b >= self.num_blocks:  # a prefix-cache hit's entry outside the window (never held), or
+                continue  # a block past the map
             self.group[b] = t % groups
             holders = self.holders.setdefault(b, [])
             holders.append(rid)

@@ -249,6 +249,7 @@ class Recorder(RequestNames):
         memory = self.memory.sample(t.end_ns) if self.memory is not None else {}
         record = step_record(batch, t, stats, kv, page_map, full, memory)
         record.wait_reason, record.gc_ns = batch.wait_reason, batch.gc_ns or None
+        record.attention_backend = batch.attention_backend
         return record
 
 

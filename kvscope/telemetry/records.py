@@ -196,6 +196,9 @@ class StepRecord:
     wait_reason: str | None = None
     # ns this process spent in the garbage collector since the previous record (None: none, or not measured)
     gc_ns: int | None = None
+    # The attention kernel this step ran ("torch", "cpu", "triton": meta's attention_backend until a kernel built in
+    # the background took over, see meta's attention_backend_switches); None in files written before it
+    attention_backend: str | None = None
     # A light record (``Recorder.detail`` off: a step of a long simulation that its window will not keep) has no
     # ``scheduled`` items and no page-map changes; these are the requests that sampled in it (the exact summary's
     # inter-token intervals need them). None for every other record; not written to files

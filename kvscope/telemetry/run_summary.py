@@ -46,6 +46,7 @@ def summary(
         values = requests[col].dropna().to_numpy() if len(requests) else np.empty(0)
         out[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
         out[f"{name}_p50_s"], out[f"{name}_p99_s"] = pct(values, 50), pct(values, 99)
+        out[f"{name}_p90_s"] = pct(values, 90)
     itl = all_itls(records)
     out["itl_mean_s"] = float(itl.mean()) if len(itl) else math.nan
     out["itl_p50_s"], out["itl_p99_s"] = pct(itl, 50), pct(itl, 99)

@@ -29,7 +29,8 @@ _STEP_SCALARS = tuple(
     f.name for f in fields(StepRecord)
     if f.name not in ("scheduled", "kv", "page_map", "memory", "profile", "spec_decode")
 )
-_STEP_OPTIONAL = ("wait_reason", "gc_ns")  # added later: written only when set, absent from older files
+# added later: written only when set, absent from older files
+_STEP_OPTIONAL = ("wait_reason", "gc_ns", "attention_backend")
 _SPEC_SCALARS = ("num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "propose_ns",
                  "draft_num_blocks", "draft_blocks_used", "draft_page_map_full")
 _KV_FIELDS = tuple(f.name for f in fields(KVState))

@@ -90,6 +90,9 @@ class _PhaseLine:
         return max((self.sy - slope * self.sx) / self.s0 + slope * x, 0.25 * mean_y)
 
 
+PhaseLine = _PhaseLine  # the same line, for the engine's thread policy (a line per thread count: engine/threads.py)
+
+
 @dataclass(slots=True)
 class OnlineStepModel:
     """The run's step time learnt from its own steps, step by step (see the module doc)."""

@@ -175,6 +175,7 @@ class SummaryStream:
             values = np.frombuffer(self.latency[name], dtype=np.float64)
             out[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
             out[f"{name}_p50_s"], out[f"{name}_p99_s"] = pct(values, 50), pct(values, 99)
+            out[f"{name}_p90_s"] = pct(values, 90)
         n = sum(self.itl_ns.values())
         out["itl_mean_s"] = sum(v * c for v, c in self.itl_ns.items()) / n / NS if n else math.nan
         out["itl_p50_s"] = counted_percentile(self.itl_ns, 50) / NS

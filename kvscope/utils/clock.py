@@ -5,6 +5,11 @@ asks a ``Clock`` for ``now_ns()``, and a run that waits for its next arrival cal
 The wall clock reads ``time.perf_counter_ns`` and really sleeps; the ``VirtualClock`` moves only when
 told to: the simulator's worker ``advance``s it by each step's predicted time, and sleeping jumps to
 the wake-up time at once. So the same engine loop and recorder serve a real run and a simulated one.
+
+A virtual clock never passes ``MAX_VIRTUAL_NS`` (2**62 ns, ~146 years): every time a run's files hold is then a
+64-bit integer that loads back, with room for the differences taken of them. A step or a wait that would pass it
+raises ``VirtualTimeOverflow`` (a ``ValueError``), so the simulation fails naming why instead of writing times
+that no reader takes (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -38,6 +43,20 @@ class Clock:
 WALL_CLOCK = Clock()
 
 
+MAX_VIRTUAL_NS = 1 << 62
+
+
+class VirtualTimeOverflow(ValueError):
+    """A simulated step or wait would move the virtual clock past ``MAX_VIRTUAL_NS``."""
+
+
+def _overflow(t_ns: int, what: str) -> VirtualTimeOverflow:
+    return VirtualTimeOverflow(f"the virtual clock would reach {t_ns / 1e9 / 86400 / 365.25:.3g} years ({what}): "
+                               f"past 2**62 ns (~146 years), beyond what a run's files can hold; the step model's "
+                               "costs or the arrival times are absurd (check --step-model, --rate and the replayed "
+                               "run's times)")
+
+
 class VirtualClock(Clock):
     """A clock that moves only when told: ``advance(ns)`` (a simulated step), ``sleep_until_ns`` (idle
     until the next arrival). Starts at ``start_ns`` (default: the wall clock now, so the run's times
@@ -53,9 +72,14 @@ class VirtualClock(Clock):
         return self.t_ns
 
     def sleep_until_ns(self, t_ns: int, stop: threading.Event | None = None) -> None:
+        if t_ns > MAX_VIRTUAL_NS:
+            raise _overflow(t_ns, "waiting for the next arrival")
         self.t_ns = max(self.t_ns, t_ns)
 
     def advance(self, ns: int) -> None:
         if ns < 0:
             raise ValueError(f"a clock cannot go back ({ns} ns)")
-        self.t_ns += int(ns)
+        t = self.t_ns + int(ns)
+        if t > MAX_VIRTUAL_NS:
+            raise _overflow(t, "a simulated step")
+        self.t_ns = t

@@ -55,6 +55,15 @@ def _engine(name: str, e: dict) -> None:
     for key in ("url", "server", "engine", "state", "error", "model"):
         if e.get(key) is not None and not isinstance(e[key], str):
             raise ValueError(f"watch.engines[{name!r}].{key} is not text")
+    _config(f"watch.engines[{name!r}].config", e.get("config"))
+
+
+def _config(where: str, c: Any) -> None:
+    """A server's settings (``plugin_config.py``): an object of plain values (or null)."""
+    if c is not None and (not isinstance(c, dict) or len(c) > 64 or not all(
+            isinstance(k, str) and (v is None or isinstance(v, bool) or _is_num(v) or
+                                    (isinstance(v, str) and len(v) <= 64)) for k, v in c.items())):
+        raise ValueError(f"{where} is not an object of settings (numbers, true/false, short text)")
 
 
 def _totals(name: str, t: dict) -> None:
@@ -156,6 +165,8 @@ def check_watch(watch: Any) -> None:
         raise ValueError("watch.faults is not an object of counts")
     if watch.get("kv_blocks_stored") is not None and not _is_int(watch["kv_blocks_stored"]):
         raise ValueError("watch.kv_blocks_stored is not a count")
+    _config("watch.config", watch.get("config"))
+    _config("watch.prompts", watch.get("prompts"))  # the prompt match's counts (prompt_match.py)
     if watch.get("model") is not None and not isinstance(watch["model"], str):
         raise ValueError("watch.model is not text")
     lost = watch.get("lost", [])

@@ -83,6 +83,7 @@ class EngineState:
     plugin_totals: dict[str, float] = field(default_factory=dict)
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    config: dict[str, Any] | None = None  # the server's settings, from the plugin's start line (plugin_config.py)
     connected: bool = False
     seen_ns: int = 0  # when data of it last came (a sample, events, a plugin line)
     gone: bool = False  # nothing came for ENGINE_TTL_S: out of the fleet, its lane stops (back when data comes)

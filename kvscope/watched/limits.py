@@ -35,6 +35,12 @@ MAX_RECORDS = 20_000  # records a watch keeps (the latest; the events: 4x)
 MAX_UNIX_TIME = 4e9  # a plugin time ``t`` (Unix seconds) after this (the year 2096), or before 0, is damaged
 MAX_SPAN_S = 7 * 86400.0  # a duration in a plugin line (latency, queue time, step time)
 
+# OTLP request spans (otlp.py, otlp_receiver.py)
+MAX_OTLP_BODY = 8 << 20  # bytes of one POST (after gzip); vLLM's exporter sends at most 512 spans (~300 KiB)
+MAX_OTLP_SPANS = 4096  # spans read from one body (the rest are rejected)
+MAX_OTLP_PENDING = 100_000  # request rows waiting for the watch thread (it takes them at every poll)
+OTLP_SOCKET_TIMEOUT_S = 5.0  # a client that sends nothing for this long is dropped
+
 # KV events (events.py, residency.py)
 MAX_FRAME_BYTES = 4 << 20  # a ZMQ message (zmq.MAXMSGSIZE: a longer one is dropped by ZMQ)
 RCVHWM = 1000  # ZMQ messages queued per publisher before ZMQ drops (then seen as a gap)

@@ -23,7 +23,8 @@ readers may ignore: ``num_skipped_waiting_reqs`` (the deferred part of ``num_wai
 ``vllm:num_requests_waiting`` gauge, counts both), ``prefix_cache_requests``, ``num_cached_prompt_tokens``,
 ``spec_decoding`` (``{"num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"}``,
 only with speculative decoding) and ``kv_block_evictions`` (``[[lifetime_s, idle_s], ...]``, only with
-``--kv-cache-metrics``).
+``--kv-cache-metrics``). The ``config`` of the start line (the server's scheduler and cache settings, read once
+from the ``vllm_config`` vLLM hands the logger) is ``plugin_config.py``'s.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import os
 import time
 from typing import Any
 
+from kvscope.watched.plugin_config import engine_config
 from kvscope.watched.plugin_format import FORMAT, VERSION
 
 ENV = "KVSCOPE_VLLM_PLUGIN"
@@ -86,13 +88,16 @@ def step_line(scheduler_stats: Any, iteration_stats: Any, engine: int, pid: int,
         num_preempted_reqs=0 if it is None else it.num_preempted_reqs,
         time_to_first_tokens_s=[] if it is None else [_num(x) for x in it.time_to_first_tokens_iter],
         inter_token_latencies_s=[] if it is None else [_num(x) for x in it.inter_token_latencies_iter],
-        finished=[] if it is None else [_finished(f) for f in it.finished_requests],
+        finished=[] if it is None else [_finished(f, getattr(it, "iteration_timestamp", None))
+                                        for f in it.finished_requests],
     )
     return line
 
 
-def _finished(f: Any) -> dict[str, Any]:
-    return {
+def _finished(f: Any, now: float | None) -> dict[str, Any]:
+    """A ``FinishedRequestStats``; ``arrival_time`` (Unix seconds) is the iteration's timestamp less the request's
+    end-to-end latency (vLLM measures that latency from the request's arrival, on the same wall clock)."""
+    line = {
         "request_id": f.request_id, "finish_reason": str(f.finish_reason),
         "num_prompt_tokens": f.num_prompt_tokens, "num_generation_tokens": f.num_generation_tokens,
         "num_cached_tokens": f.num_cached_tokens, "num_preemptions": f.num_preemptions,
@@ -100,6 +105,12 @@ def _finished(f: Any) -> dict[str, Any]:
         "prefill_time_s": _num(f.prefill_time), "decode_time_s": _num(f.decode_time),
         "inference_time_s": _num(f.inference_time),
     }
+    if now is not None:
+        line["arrival_time"] = _num(now) - _num(f.e2e_latency)
+    max_tokens = getattr(f, "max_tokens_param", None)
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        line["max_tokens"] = max_tokens
+    return line
 
 
 def start_line(vllm_config: Any, engine: int, pid: int) -> dict[str, Any]:
@@ -113,7 +124,7 @@ def start_line(vllm_config: Any, engine: int, pid: int) -> dict[str, Any]:
     return {"type": "start", "format": FORMAT, "version": VERSION, "engine": engine, "pid": pid, "t": time.time(),
             "vllm_version": vllm_version, "model": name if isinstance(name, str) else None,
             "block_size": getattr(cache, "block_size", None), "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
-            "max_model_len": getattr(model, "max_model_len", None)}
+            "max_model_len": getattr(model, "max_model_len", None), "config": engine_config(vllm_config)}
 
 
 def _encode(line: dict[str, Any]) -> bytes:

@@ -20,6 +20,7 @@ from kvscope.watched.limits import (
     MAX_SPAN_S,
     MAX_UNIX_TIME,
 )
+from kvscope.watched.plugin_config import checked_config
 
 STATE_FIELDS = {"num_running_reqs": MAX_QUEUE, "num_waiting_reqs": MAX_QUEUE, "kv_cache_usage": 1.0}
 TOTAL_FIELDS = ("num_prompt_tokens", "num_generation_tokens", "num_preempted_reqs", "prefix_cache_queries",
@@ -73,8 +74,11 @@ def step_record(obj: dict[str, Any], t_ns: int, running: int, waiting: int, kv: 
     )
 
 
-def request_events(f: dict[str, Any], t_end: int, fallback_id: str) -> list[RequestEvent]:
-    """A finished request's lane: queued (its arrival), scheduled, first token, finished at ``t_end``."""
+def request_events(f: dict[str, Any], t_end: int, fallback_id: str, arrival: int | None = None) -> list[RequestEvent]:
+    """A finished request's lane: queued (its arrival), scheduled, first token, finished at ``t_end``. The
+    moments are counted back from ``t_end`` with vLLM's intervals; ``arrival`` (the request's arrival on this
+    process's clock, when the line or span gives it) is the queued moment, and with a ``time_to_first_token_s``
+    (vLLM's, from the arrival) the first token's."""
     rid = f.get("request_id")
     rid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else fallback_id
 
@@ -83,8 +87,13 @@ def request_events(f: dict[str, Any], t_end: int, fallback_id: str) -> list[Requ
         return int(value * 1e9) if value is not None else 0
 
     first = t_end - span("decode_time_s")
+    ttft = finite_in(f.get("time_to_first_token_s"), 0.0, MAX_SPAN_S)
+    if arrival is not None and ttft is not None:
+        first = min(arrival + int(ttft * 1e9), t_end)
     scheduled = first - span("prefill_time_s")
-    queued = min(scheduled - span("queued_time_s"), t_end - span("e2e_latency_s"))
+    queued = min(scheduled - span("queued_time_s"), t_end - span("e2e_latency_s")) if arrival is None else \
+        min(arrival, first)
+    scheduled = max(scheduled, queued)
     prompt, out = count(f.get("num_prompt_tokens")), count(f.get("num_generation_tokens"))
     reason = f.get("finish_reason") if isinstance(f.get("finish_reason"), str) else None
     return [
@@ -93,6 +102,11 @@ def request_events(f: dict[str, Any], t_end: int, fallback_id: str) -> list[Requ
         RequestEvent(first, -1, rid, "first_token", prompt, min(out, 1)),
         RequestEvent(t_end, -1, rid, "finished", prompt, out, reason=reason),
     ]
+
+
+def _arrival(src: Any, f: dict[str, Any]) -> int | None:
+    t = finite_in(f.get("arrival_time"), 0.0, MAX_UNIX_TIME)
+    return None if t is None else src.unix_to_ns(t)
 
 
 def _start(src: Any, eng: EngineState, obj: dict[str, Any]) -> None:
@@ -104,6 +118,9 @@ def _start(src: Any, eng: EngineState, obj: dict[str, Any]) -> None:
                                                                                          MAX_BLOCK_SIZE)
     eng.num_gpu_blocks = eng.num_gpu_blocks or (int(blocks) if blocks else None)
     eng.block_size = eng.block_size or (int(size) if size else None)
+    config = checked_config(obj.get("config"))
+    if config is not None:
+        eng.config = config
     model = obj.get("model")
     if isinstance(model, str) and 0 < len(model) <= MAX_LABEL and not src.watch["model"]:
         src.watch["model"] = model
@@ -124,7 +141,8 @@ def apply_line(src: Any, eng: EngineState, obj: dict[str, Any]) -> bool:
             t_ns = src.unix_to_ns(t)
             kv = fleet_kv(src.engines.values(), True)
             record = step_record(obj, t_ns, *fleet_queues(src.engines.values(), True), kv)
-            events = [e for i, f in enumerate(finished_of(obj))
-                      for e in request_events(f, t_ns, f"{eng.key}#{src.num_lanes + i}")]
+            events = [] if src.otlp else [  # with OTLP spans, the spans are the requests (source.py)
+                e for i, f in enumerate(finished_of(obj))
+                for e in request_events(f, t_ns, f"{eng.key}#{src.num_lanes + i}", _arrival(src, f))]
             src.add_record(record, events)
     return True

@@ -21,8 +21,17 @@ from kvscope.watched.engines import (
 )
 from kvscope.watched.events import BlockStored, EventBatch
 from kvscope.watched.fleet import fleet_kv, fleet_queues, interval_record
-from kvscope.watched.limits import ENGINE_TTL_S, MAX_ENGINES, MAX_LABEL, MAX_LOST, MAX_RANK, Remembered
-from kvscope.watched.plugin_steps import apply_line
+from kvscope.watched.limits import (
+    ENGINE_TTL_S,
+    MAX_ENGINES,
+    MAX_LABEL,
+    MAX_LOST,
+    MAX_RANK,
+    MAX_SPAN_S,
+    Remembered,
+)
+from kvscope.watched.otlp_receiver import COUNTS as OTLP_COUNTS
+from kvscope.watched.plugin_steps import apply_line, request_events
 from kvscope.watched.samples import MetricsSample, interval, restarted
 from kvscope.watched.watch_meta import LANE_COLUMNS, append_row, describe, new_lane
 
@@ -30,7 +39,7 @@ __all__ = ["LANE_COLUMNS", "LOST", "OK", "WAITING", "WatchSource"]
 FAULTS = ("metrics_malformed", "metrics_truncated", "scrape_errors", "server_restarts", "engines_dropped",
           "engines_forgotten", "event_batches", "events_malformed", "events_duplicate", "event_disconnects",
           "event_gaps", "events_missed", "event_restarts", "events_replayed", "replay_failures", "blocks_forgotten",
-          "plugin_lines", "plugin_malformed", "plugin_restarts")
+          "plugin_lines", "plugin_malformed", "plugin_restarts", *OTLP_COUNTS, "otlp_spans_duplicate")
 
 
 class WatchSource:
@@ -54,12 +63,14 @@ class WatchSource:
     """
 
     def __init__(self, urls: list[str], *, t0_ns: int | None = None, interval_s: float = 0.5,
-                 plugin_records: bool = False, layout_rows: int = 400) -> None:
+                 plugin_records: bool = False, otlp: bool = False, layout_rows: int = 400) -> None:
         self.urls = list(urls)
         self.names = [server_name(u) for u in self.urls]
         self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
         self._unix0, self._perf0 = time.time(), time.perf_counter_ns()
         self.plugin_records = plugin_records
+        self.otlp = otlp  # requests come from vLLM's OTLP spans (on_spans), not from the plugin's finished lines
+        self.spans_seen = Remembered(1 << 16)  # span ids (an exporter that retries sends a batch again)
         self.layout_rows = layout_rows
         self.engines: dict[str, EngineState] = {}
         self.server_state = [WAITING] * len(urls)
@@ -78,7 +89,7 @@ class WatchSource:
             "version": WATCH_FORMAT_VERSION, "urls": self.urls, "interval_s": interval_s, "t0_ns": self.t0_ns,
             "plugin": plugin_records, "engines": {}, "lanes": {}, "fleet": new_lane(),
             "totals": {}, "histograms": {}, "residency": {}, "kv_transfer": {}, "faults": dict(self.faults), "lost": [],
-            "servers": {}, "model": None,
+            "servers": {}, "model": None, "otlp": otlp, "config": None,
         }
 
     # ---- inputs -----------------------------------------------------------------------------------------
@@ -198,6 +209,20 @@ class WatchSource:
         eng = self.engine(server, str(label))
         if eng is not None and not apply_line(self, eng, obj):
             self.faults["plugin_malformed"] += 1
+
+    def on_spans(self, rows: list[dict[str, Any]], counts: dict[str, int]) -> None:
+        """Request rows of vLLM's OTLP spans (``otlp.py``: checked there) and the receiver's counts so far: each
+        row a request's lane, from its arrival to its end (arrival + end-to-end latency)."""
+        for name, value in counts.items():
+            self.faults[name] = value
+        for row in rows:
+            if self.spans_seen.note(row["span_id"]):
+                self.faults["otlp_spans_duplicate"] += 1
+                continue
+            arrival = self.unix_to_ns(row["arrival_time"])
+            t_end = arrival + int(min(row["e2e_latency_s"], MAX_SPAN_S) * 1e9)
+            self._new_events.extend(request_events(row, t_end, f"otlp#{self.num_lanes}", arrival))
+            self.num_lanes += 1
 
     # ---- ticks -------------------------------------------------------------------------------------------
     def tick(self, t_ns: int, *, layout: bool = False,

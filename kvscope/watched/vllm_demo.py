@@ -122,13 +122,14 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
                num_gpu_blocks: int | None = None, max_model_len: int = 512, eager: bool = True,
                extra_args: tuple[str, ...] = (), python: str | os.PathLike | None = None,
                startup_timeout_s: float = 600, env: dict[str, str] | None = None,
-               port_retries: int = 2) -> VllmServer:
+               port_retries: int = 2, otlp: str | None = None) -> VllmServer:
     """Start vLLM's OpenAI server on ``model_dir`` (block size 32, prefix caching and KV events on, fp32,
     1 GiB KV space unless ``num_gpu_blocks`` overrides it) and wait for ``/health``. ``eager``: skip the
     model's compilation (a minute more at start); ``workdir`` gets the log and the plugin's JSONL; ``env``: more
     environment (e.g. ``VLLM_NIXL_SIDE_CHANNEL_PORT``). Raises ``RuntimeError`` with the log's end if it does
     not come up; a port another process took between ``free_port`` and vLLM's bind ("Address already in use")
-    is retried on new ports, ``port_retries`` times."""
+    is retried on new ports, ``port_retries`` times. ``otlp``: ``HOST:PORT`` of a ``kvscope watch --otlp``
+    receiver: vLLM exports a span per finished request there (OTLP/HTTP protobuf, batched every 0.5 s)."""
     python = Path(python) if python else vllm_python()
     if python is None:
         raise RuntimeError(f"no vLLM {VLLM_VERSION} virtualenv: run {REPO / PREPARE}")
@@ -145,12 +146,16 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
     if eager:
         cmd.append("--enforce-eager")
+    if otlp is not None:
+        cmd += ["--otlp-traces-endpoint", f"http://{otlp}/v1/traces"]
     cmd += list(extra_args)
     plugin_log = workdir / "vllm-steps.jsonl" if plugin else None
     # VLLM_HOST_IP: vLLM's own processes talk over loopback too; no usage statistics leave the machine.
     extra_env = env
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if otlp is not None:  # (OpenTelemetry's default is gRPC, and a batch every 5 s)
+        env.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="500")
     env.update(extra_env or {})
     env.pop("KVSCOPE_VLLM_PLUGIN", None)
     if plugin_log is not None:
@@ -176,7 +181,8 @@ def start_vllm(model_dir: str | os.PathLike, workdir: str | os.PathLike, *, plug
             if port_retries > 0 and "Address already in use" in server.log_tail(1 << 20):
                 return start_vllm(model_dir, workdir, plugin=plugin, num_gpu_blocks=num_gpu_blocks,
                                   max_model_len=max_model_len, eager=eager, extra_args=extra_args, python=python,
-                                  startup_timeout_s=startup_timeout_s, env=extra_env, port_retries=port_retries - 1)
+                                  startup_timeout_s=startup_timeout_s, env=extra_env, port_retries=port_retries - 1,
+                                  otlp=otlp)
             raise RuntimeError(f"vLLM did not come up ({' '.join(cmd)}):\n{tail}")
         time.sleep(1.0)
 

@@ -92,7 +92,7 @@ def describe(src: Any, *, layout: bool, force: bool) -> None:
             "state": src.state_of(eng), "error": src.server_error[eng.server],
             "model": last.model_name if last else None, "block_size": eng.block_size,
             "num_gpu_blocks": eng.num_gpu_blocks, "events": eng.has_events, "plugin": bool(eng.plugin_totals),
-            "kv_role": entry["role"] if entry else None,
+            "kv_role": entry["role"] if entry else None, "config": eng.config,
         }
         totals[key] = eng.totals_json()
         hists[key] = eng.histograms_json()
@@ -101,6 +101,8 @@ def describe(src: Any, *, layout: bool, force: bool) -> None:
         if entry is not None:
             transfer[key] = entry
     w["engines"], w["totals"], w["histograms"], w["residency"] = engines, totals, hists, residency
+    # the server's scheduler and cache settings (the plugin's; plugin_config.py): the first engine's that has them
+    w["config"] = next((e.config for e in src.engines.values() if e.config is not None), None)
     w["kv_transfer"] = transfer  # per engine with a KV connector: role, NIXL transfers, offloading (kv_transfer.py)
     with_events = [e for e in src.engines.values() if e.has_events]
     w["kv_blocks_stored"] = (src.fleet_hashes.num_distinct if len(with_events) > 1

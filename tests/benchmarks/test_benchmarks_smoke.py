@@ -52,6 +52,9 @@ def test_throughput_quick():
             f"kvscope and {peer} disagree on {int(total) - int(same)} requests:\n{text}"
         )
     assert "kvscope identical across its 2 runs: True" in text
+    # the end-to-end FLOP rate against the GEMM peak (issue 39), before the ratios
+    assert re.search(r"^FLOP rate kvscope = [0-9.]+ GFLOP/s = \d+% of this CPU's measured fp32 GEMM peak [0-9.]+ "
+                     r"GFLOP/s \(torch\.mm \d+x\d+ fp32, 1 threads\)", text, re.M), text
     # the ratios come last: per peer, per wall-clock second and per CPU-second, positive numbers
     ratios = [re.match(r"RATIO kvscope/(.+?) (wall|cpu) = ([0-9.]+)x", line) for line in lines[-4:]]
     assert all(ratios), f"the last lines are not the ratios:\n{lines[-5:]}"
@@ -164,3 +167,16 @@ def test_simulate_quick():
     assert len(cases) == 2 and all(" identical " in line for line in cases), lines
     assert all(len(re.findall(r"[+-]\d+\.\d%", line)) == 4 for line in cases), cases
     assert re.search(r"^500 requests at [0-9.]+ req/s: [0-9.]+ s wall, [\d,]+ simulated requests/s", lines[-1]), lines
+
+
+def test_pd_published_quick():
+    """One published P/D comparison (vLLM's docs) re-run at --quick size: a markdown row with both goodputs, their
+    ratio and the direction the docs state (no throughput gain), reached below the bisection's cap."""
+    lines = run_benchmark("pd_published.py", "--only", "vLLM docs")
+    rows = [line for line in lines if line.startswith("| vLLM docs")]
+    assert len(rows) == 1, lines
+    m = re.search(r"= \*\*(\d+\.\d+)x\*\* \((better|worse|no better);", rows[0])
+    assert m, rows[0]
+    assert 0 < float(m.group(1)) < 1.1 and "highest rate tried" not in rows[0]
+    assert rows[0].split("|")[5].strip() == "yes"  # vLLM's docs: P/D does not improve throughput; kvscope agrees
+    assert "load average" in lines[-1]

@@ -182,6 +182,12 @@ def test_run_prompts_file(tmp_path):
     import kvscope as kv
 
     run = kv.load(tmp_path / "r.trace.json")
+    # the answers, in the file's order, before the summary (a user runs --prompts to read them)
+    answers = proc.stdout[proc.stdout.index("answers\n"):proc.stdout.index("kvscope run · tiny")]
+    assert [line.strip() for line in answers.splitlines() if line.strip().startswith("[")] == \
+        ["[1] Hello there", "[2] What is a KV cache?", "[3] Tell me a story"]
+    for text in run.meta["texts"].values():
+        assert (text["output"].strip().replace("\n", "\n      ") or "(no text") in answers
     assert len(run.requests) == 3 and run.meta["block_size"] == 8 and run.meta["num_blocks"] == 64
     assert run.meta["config"]["enable_prefix_caching"] is False
     assert (run.requests["num_output_tokens"] <= 8).all()
@@ -225,7 +231,7 @@ def test_run_synthetic_quiet_with_profile(tmp_path):
     (["--kv-memory", ".1"], r"--kv-memory: size '\.1' is less than one byte"),
     (["--num-blocks", "9" * 5000], r"--num-blocks: '9+'\.\.\. \(5,000 characters\) is too large"),
     (["--top-k", "9" * 30], r"--top-k: '9+' is too large"),
-    (["--requests", "10000000000"], r"--requests/-n: '10000000000' is too large \(at most 100,000\)"),
+    (["--requests", "10000000000"], r"--requests/-n: '10000000000' is too large \(at most 1,000,000\)"),
     (["--prompt-len", "99999999"], r"--prompt-len: length range '99999999': 99,999,999 is more than 16,777,216"),
     (["--step-delay", "1e300"], r"--step-delay: '1e300' is more than 60 seconds"),
     (["--max-new", "5"], r"unrecognized arguments: --max-new 5"),  # no abbreviations: the magic has no --out
@@ -284,7 +290,9 @@ def test_demo_tiny(tmp_path):
     proc = kvscope("demo", "--model", "tiny", "--out", str(tmp_path / "demo"))
     assert proc.returncode == 0, proc.stderr
     assert "demo model: tiny" in proc.stdout
-    check_demo_outputs(tmp_path / "demo", proc.stdout)
+    run = check_demo_outputs(tmp_path / "demo", proc.stdout)
+    assert run.meta["title"] == "kvscope demo · tiny"  # the report says demo, not "kvscope run" (issue 37)
+    assert "<title>kvscope demo · tiny</title>" in (tmp_path / "demo.html").read_text(encoding="utf-8")
 
 
 def test_run_and_demo_write_inside_a_folder_given_as_out(tmp_path):

@@ -25,7 +25,8 @@ def recorded(tmp_path_factory):
     assert done.returncode == 0, done.stderr
     fit = kvscope("calibrate", "real.metrics.jsonl", "-o", "step.json", cwd=folder)
     assert fit.returncode == 0, fit.stderr
-    assert "held-out steps" in fit.stdout
+    assert "held-out steps" in fit.stdout and "verdict: " in fit.stdout and "\nnext: " in fit.stdout
+    assert "ms per step" in fit.stdout  # each coefficient with its unit
     return folder
 
 
@@ -39,6 +40,22 @@ def test_calibrate_then_replay_reproduces_the_schedule(recorded):
     assert simulated.meta["simulated"]["replay_of"] == "real.metrics.jsonl"
     for key in ("steps", "preemptions", "prefix_cache_hits", "output_tokens", "requests"):
         assert simulated.summary()[key] == real.summary()[key], key
+
+
+def test_a_replay_starts_from_the_runs_settings_and_says_what_a_what_if_changed(recorded):
+    """--num-blocks 80 on a run of 40 blocks and at most 10 running: that alone changes, the rest is the run's, and
+    the output says so (issue 37 item 3; tests/runs/setup/test_replay.py: a replay without options is the run)."""
+    from kvscope.runs.result.comparison import compare
+
+    what_if = kvscope("simulate", "--step-model", "step.json", "--replay", "real.metrics.jsonl", "--num-blocks",
+                      "80", "--out", "x2", cwd=recorded)
+    assert what_if.returncode == 0, what_if.stderr
+    assert "what-if, changed from the run: num_blocks 40 -> 80 (--num-blocks)" in what_if.stderr
+    assert "max_num_seqs 10" in what_if.stderr  # kept from the run
+    simulated = load(recorded / "x2.metrics.jsonl")
+    assert simulated.meta["num_blocks"] == 80 and simulated.meta["config"]["max_num_seqs"] == 10
+    cmp = compare(recorded / "real.metrics.jsonl", simulated)
+    assert cmp.warnings == [] and "what-if: num_blocks 40 -> 80" in cmp.notes[0]
 
 
 def test_roofline_static_vs_paged(recorded):
@@ -75,10 +92,12 @@ def test_refusals_name_the_fix(recorded, args, message):
 
 def test_sweep_simulate_sweeps_a_setting_without_the_model(recorded):
     done = kvscope("sweep", "--simulate", "--step-model", "step.json", "--block-size", "8,32", "-n", "60",
-                   "--rate", "20", "--num-blocks", "64", "-o", "sw.html", "-q", cwd=recorded)
+                   "--rate", "20", "--num-blocks", "64", "--repeat", "2", "-o", "sw.html", "-q", cwd=recorded)
     assert done.returncode == 0, done.stderr
     rows = (recorded / "sw.csv").read_text().splitlines()
-    assert len(rows) == 3  # a header and one row per block size
+    assert len(rows) == 3  # a header and one row per block size: the median of its 2 runs (as --csv's help says)
+    helped = " ".join(kvscope("sweep", "--help", cwd=recorded).stdout.split())
+    assert "one row per value (with --repeat N: the median of its N runs" in helped
 
 
 def test_simulate_pd_writes_transfers_that_load_back(tmp_path):
@@ -109,3 +128,25 @@ def test_simulate_pd_refusals_name_the_fix(tmp_path, args, message):
     done = kvscope("simulate", "--gpu", "h100", "--model", "llama-7b", "-n", "2", *args, cwd=tmp_path)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr
+
+
+def test_the_progress_bar_ends_on_the_summarys_virtual_clock(capsys):
+    """The bar's last postfix is the summary's duration (17.1 s), not the clock at its last poll (12.5 s)."""
+    from kvscope.cli.simulate import _watch_requests
+    from kvscope.runs.background.status import RunStatus
+
+    class Finished:
+        status, workload, num_finished, elapsed_s, records = RunStatus.RUNNING, [1, 2], 2, 12.5, [object()]
+        polls = 0
+
+        @property
+        def done(self) -> bool:
+            self.polls += 1
+            return self.polls > 2
+
+        def summary(self) -> dict:
+            return {"duration_s": 17.1}
+
+    _watch_requests(Finished(), quiet=False, total=2)
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("virtual clock 17.1 s]"), err[-200:]

@@ -83,3 +83,53 @@ def test_a_signal_ends_the_watch_with_its_files(server, tmp_path, signum):
     assert proc.returncode == 128 + signum, err
     assert f"html     {html}" in out and "kvscope watch" in html.read_text()
     assert kvscope.load(metrics).summary()["num_engines"] == 1
+
+
+def test_otlp_spans_and_the_sent_prompts_become_the_watchs_requests(server, tmp_path, capsys):
+    import threading
+
+    from otlp_spans import body, post, request_span
+
+    from kvscope.models.loader import build_tiny_tokenizer
+
+    (tmp_path / "sent.txt").write_text("hello world\nabc\n")
+    lengths = [len(build_tiny_tokenizer()(p)["input_ids"]) for p in ("hello world", "abc")]
+    port = free_port()
+
+    def send() -> None:  # once the watch listens
+        spans = [request_span(f"r{i}", time.time() + i / 10, prompt=n, ttft=0.02, e2e=0.1)
+                 for i, n in enumerate(lengths)]
+        for _ in range(100):
+            try:
+                if post(f"http://127.0.0.1:{port}/v1/traces", body(*spans))[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.05)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    metrics = tmp_path / "w.metrics.jsonl"
+    code = main(["watch", server.url, "--interval", "0.05", "--duration", "1.5", "--otlp", f"127.0.0.1:{port}",
+                 "--prompts", str(tmp_path / "sent.txt"), "--tokenizer", "tiny", "--metrics", str(metrics)])
+    sender.join()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"requests: 2 from vLLM's spans at http://127.0.0.1:{port}/v1/traces" in out
+    assert "prompts: 2 of 2 requests matched to the 2 sent" in out
+    run = kvscope.load(metrics)
+    assert list(run.requests["ttft_s"]) == pytest.approx([0.02, 0.02])
+    tok = build_tiny_tokenizer()
+    assert [e.prompt_token_ids for e in run.events if e.kind == "queued"] == [
+        tok("hello world")["input_ids"], tok("abc")["input_ids"]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--otlp", "4318"], "give HOST:PORT to listen on"),
+    (["--prompts", "SENT"], "holds text: give --tokenizer"),
+    (["--prompts", "SENT", "--tokenizer", "org/model"], "give tiny, smollm2 or a local model folder"),
+])
+def test_bad_request_options_exit_2(argv, message, tmp_path, capsys):
+    (tmp_path / "sent.txt").write_text("hello\n")
+    argv = [str(tmp_path / "sent.txt") if a == "SENT" else a for a in argv]
+    assert main(["watch", "http://x:1", *argv]) == 2
+    assert message in capsys.readouterr().err

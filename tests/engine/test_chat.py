@@ -48,3 +48,31 @@ def test_an_instruct_model_answers_in_its_template_and_reports_show_the_question
     assert "Paris" in texts[True]["output"]
     assert texts[True]["prompt"] == "What is the capital of France?"  # the question, not the template
     assert "Paris" not in texts[False]["output"]  # the raw prompt: the model does not answer it
+
+
+@pytest.mark.parametrize("messages, message", [
+    ({"role": "user", "content": "hi"}, r"got a dict \(put the message in a list\)"),
+    (None, "got a NoneType"),
+    ([], "got an empty list"),
+    ("hello", "got a str"),
+    ([{"role": "user", "content": 5}], r"message 0 \('user'\): its 'content' is '5' \(int\); it must be a string"),
+    ([{"role": "user", "content": None}], r"message 0 \('user'\): its 'content' is 'None' \(NoneType\)"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], r"its 'content' is .* \(list\)"),
+    ([{"role": "user", "content": "a"}, "b"], r"message 1 is a str, not a dict"),
+    ([[{"role": "user", "content": "a"}], [{"role": 3, "content": "b"}]],
+     r"conversation 1: message 0 \('3'\): its 'role' is '3' \(int\)"),
+])
+def test_chat_refuses_malformed_messages_naming_the_message(messages, message):
+    """Issue 38 item 7: each a ValueError naming the message (no KeyError: 0, TypeError, jinja2 UndefinedError)."""
+    engine = Engine("tiny", num_blocks=16)
+    engine.tokenizer.chat_template = TEMPLATE
+    with pytest.raises(ValueError, match=message):
+        engine.chat(messages, GREEDY)
+
+
+def test_a_template_that_refuses_a_conversation_is_a_value_error_naming_it():
+    engine = Engine("tiny", num_blocks=16)
+    engine.tokenizer.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}" \
+                                     "{% endif %}{{ messages[0]['content'] }}"
+    with pytest.raises(ValueError, match="the chat template refused conversation 1: TemplateError: user first"):
+        engine.chat([[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]], GREEDY)

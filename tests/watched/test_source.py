@@ -131,6 +131,37 @@ def test_plugin_steps_become_records_and_finished_requests_lanes():
     assert src.watch["totals"]["127.0.0.1:9/0"]["plugin"]["num_generation_tokens"] == 4
 
 
+def test_the_plugins_settings_are_the_watchs_config_and_load_back_checked():
+    from kvscope.watched.check import check_watch
+
+    src = WatchSource([URL], t0_ns=0, plugin_records=True)
+    config = {"block_size": 32, "num_blocks": 24, "max_num_seqs": 8, "max_num_batched_tokens": 2048,
+              "enable_prefix_caching": True, "enable_chunked_prefill": True, "async_scheduling": False,
+              "policy": "fcfs", "unknown_setting": 1, "watermark": {"not": "plain"}}
+    src.on_plugin(0, {"type": "start", "engine": 0, "pid": 1, "t": T0, "config": config})
+    src.tick(0)
+    want = {k: v for k, v in config.items() if k != "unknown_setting"} | {"watermark": None}
+    assert src.watch["config"] == want
+    assert src.watch["engines"]["127.0.0.1:9/0"]["config"] == want
+    check_watch(src.watch)
+    for bad in ([1], {"block_size": [32]}, {"policy": "x" * 100}):
+        with pytest.raises(ValueError, match=r"watch\.config"):
+            check_watch({**src.watch, "config": bad})
+
+
+def test_a_finished_line_with_its_arrival_starts_its_lane_there_and_otlp_takes_the_requests_over():
+    finished = {"request_id": "r1", "num_prompt_tokens": 48, "num_generation_tokens": 2, "e2e_latency_s": 1.5,
+                "queued_time_s": 0.25, "prefill_time_s": 0.5, "decode_time_s": 0.5, "arrival_time": T0 + 0.4}
+    src = WatchSource([URL], t0_ns=0, plugin_records=True)
+    src.on_plugin(0, step(T0 + 2, finished=[finished]))
+    _, events = src.tick(0)
+    assert events[0].t_ns == src.unix_to_ns(T0 + 0.4)  # vLLM's arrival, not the end less e2e (T0 + 0.5)
+    otlp = WatchSource([URL], t0_ns=0, plugin_records=True, otlp=True)
+    otlp.on_plugin(0, step(T0 + 2, finished=[finished]))
+    records, events = otlp.tick(0)
+    assert len(records) == 1 and records[0].num_finished == 1 and events == []  # the span makes its lane
+
+
 @pytest.mark.parametrize("line", [{"type": "step", "engine": 0, "t": "soon"}, {"type": "step", "engine": [0], "t": 1.0},
                                   {"type": "step", "engine": 0, "t": float("nan")}])
 def test_damaged_plugin_lines_are_counted(line):

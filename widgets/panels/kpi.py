@@ -27,6 +27,10 @@ KPI_FIELDS = (
     "steps", "peak_running", "peak_waiting", "peak_kv_usage",
 )
 
+# the engine's counters (vLLM's prefix_cache_hits / prefix_cache_queries): every lookup, a request looked up again
+# after a preemption or while the pool was full counted each time; the prefix-cache panel counts first lookups
+PREFIX_TILE = "prefix-cache hits (all lookups)"
+
 _STYLE = (
     "<style>.kvs-kpi{display:flex;flex-wrap:wrap;gap:6px;font-family:sans-serif}"
     ".kvs-kpi div{background:#f5f7fa;border-radius:6px;padding:4px 10px;min-width:110px}"
@@ -109,7 +113,7 @@ class KpiPanel(Panel):
             ("TTFT p50 / p99", f"{_ms(v['ttft_p50'])} / {_ms(v['ttft_p99'])}"),
             ("ITL p50 / p99", f"{_ms(v['itl_p50'])} / {_ms(v['itl_p99'])}"),
             ("preemptions", num("preemptions")),
-            ("prefix-cache hits", num("prefix_hit_rate", "{:.1%}")),
+            (PREFIX_TILE, num("prefix_hit_rate", "{:.1%}")),
             step,
         ]
         model = self.meta.get("model")

@@ -28,10 +28,18 @@ DRAFT_MARK_COLORS = ("#d62728", "#ff7f0e", "#2ca02c")  # draft slots: block retu
 # The legend under the map: (label, fill, outline) of one swatch per look of a cell (``cell_style``).
 STATE_LEGEND = (
     ("free", FREE_COLOR, "#cccccc"),
-    ("cached: no holder, kept for the prefix cache", CACHED_COLOR, NO_OUTLINE),
-    ("used: colour = request, shade = how full", OWNER_PALETTE[0], NO_OUTLINE),
+    ("cached: no holder, kept for reuse", CACHED_COLOR, NO_OUTLINE),
+    ("used: colour = request, shade = fill", OWNER_PALETTE[0], NO_OUTLINE),
     ("shared by requests (outlined)", OWNER_PALETTE[0], SHARED_OUTLINE),
 )
+LEGEND_CHAR_PX = 5.5  # a 10 px sans-serif label's width per character, a little over the average
+
+
+def legend_columns(width: int) -> int:
+    """How many legend items a row of a page map ``width`` px wide has room for (2, or 1 when a second column
+    would be cut off at the figure's edge: a sweep's side-by-side maps are narrow)."""
+    item = 16 + 12 + LEGEND_CHAR_PX * max(len(label) for label, _, _ in STATE_LEGEND)  # glyph, gaps, label
+    return 2 if 2 * item + 24 <= width else 1
 
 
 def cell_style(entry: PageEntry, block_size: int, colors: OwnerColors) -> tuple[str, float, str]:

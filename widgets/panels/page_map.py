@@ -24,12 +24,13 @@ from collections.abc import Iterable, Sequence
 
 from bokeh.models import Range1d
 
+from kvscope.telemetry.pagemap import mapped_blocks
 from kvscope.telemetry.records import FREE_PAGE, PageEntry, StepRecord
 
 from ..feed import Tick
 from ..theme import HALF_WIDTH, HEIGHT, OwnerColors, add_hover, columns, empty_source, new_figure, style_legend
 from .base import Panel, PanelContext
-from .page_cells import DRAFT_MARK_COLORS, STATE_LEGEND, cell_style, grid_shape, merge_entries
+from .page_cells import DRAFT_MARK_COLORS, STATE_LEGEND, cell_style, grid_shape, legend_columns, merge_entries
 
 COLUMNS = ("x", "y", "block", "blocks", "owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
 PATCHED = ("owner", "filled", "state", "refs", "kv_group", "color", "alpha", "outline")
@@ -96,7 +97,7 @@ class PageMapPanel(Panel):
             add_hover(fig, [("block", "@block"), ("draft slots this step", "@drafted"),
                             ("accepted", "@accepted")], renderers=[marks])
         self.plot_height = fig.height  # the legend adds its rows below
-        style_legend(fig, ncols=2)
+        style_legend(fig, ncols=legend_columns(width))  # never wider than the figure (page_cells.py)
         fig.legend[0].click_policy = "none"  # a key, not a filter
         self.figure = fig
         self.model = fig
@@ -164,8 +165,11 @@ class PageMapPanel(Panel):
             pool = next((p for p in map(self.pool_of, tick.steps) if p is not None), None)
             if pool is None:
                 return
-            self._build_grid(*pool)
+            mapped = mapped_blocks(pool[0])  # the blocks its page map covers (bounded: telemetry/pagemap.py)
+            self._build_grid(mapped, pool[1])
             label = kv_groups_label(self.meta)
+            if mapped < pool[0]:
+                label = ", ".join(filter(None, [f"first {mapped:,} of {pool[0]:,} blocks", label]))
             if label:
                 self.figure.title.text = f"{self.title} · {label}"
         changed: set[int] = set()

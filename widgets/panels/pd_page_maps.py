@@ -19,6 +19,7 @@ from typing import Any
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, CustomJS, Div, Slider
 
+from kvscope.telemetry.pagemap import mapped_blocks
 from kvscope.telemetry.records import FREE_PAGE, PageEntry
 
 from ..feed import Tick
@@ -90,7 +91,7 @@ class PDPageMapsPanel(Panel):
             panel.title = f"{name} ({roles.get(name) or '?'}): {pool['num_blocks']} blocks"
             panel.figure.title.text = panel.title
             panel.source.name = f"pd-page-map-{name}-cells"
-            panel.grid(int(pool["num_blocks"]), int(pool["block_size"]))
+            panel.grid(mapped_blocks(int(pool["num_blocks"])), int(pool["block_size"]))  # the blocks its maps cover
             panel.source.data = panel.cells_of([FREE_PAGE] * panel.num_blocks)  # every column; moments patch looks
             marks = ColumnDataSource({c: [] for c in MARK_COLUMNS}, name=f"pd-page-map-{name}-in-flight")
             glyph = panel.figure.scatter("x", "y", source=marks, marker="diamond", size=11, fill_color="#ffffff",

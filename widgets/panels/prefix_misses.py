@@ -132,7 +132,8 @@ class PrefixMissesPanel(Panel):
     def _html(t: dict, top: list[dict]) -> str:
         rate = t["tokens_hit"] / t["prompt_tokens"] if t["prompt_tokens"] else 0.0
         facts = [
-            ("hit", f"{rate:.1%} of prompt tokens"),
+            ("hit at first lookup", f"{rate:.1%} of prompt tokens (the tile's all-lookups rate also counts a "
+                                    "request looked up again after a preemption)"),
             ("reusable", f"{t['tokens_reusable']:,d}"),
             ("missed", f"{t['tokens_missed']:,d}"),
         ]

@@ -29,6 +29,12 @@ so a sliding group serves a prefix only while the whole chain is still cached, e
 the window that it then does not take (see ``KVCacheManager.get_computed_blocks``). This is stricter
 than vLLM, which looks up only the blocks inside the window, and keeps the by-induction argument whole:
 a block whose parent is unknown is never served.
+
+vLLM's prefix index (``use_hash_index``: the scheduler turns it on under vLLM's rules,
+``SchedulerRules.hash_index``): a block is found by its chained hash and its tokens alone, whatever block held its
+parent, and a second block filled with the same tokens after the same prefix is cached too (a *duplicate*: it is
+freed to the cached part of the queue, and served once the first is evicted). vLLM trusts its hash (sha256) in the
+same way; here a parent chain's 64-bit hash collision could go unseen.
 """
 
 from __future__ import annotations
@@ -82,9 +88,21 @@ class BlockPool:
         # counters (tokens, like vLLM's prefix_cache_queries / prefix_cache_hits)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # vLLM's rules (SchedulerRules.preempted_hits_apart): a preempted request's lookup when it is admitted
+        # again is counted here instead
+        self.preempted_hits_apart = False
+        self.preempted_prefix_cache_queries = 0
+        self.preempted_prefix_cache_hits = 0
         self.num_evictions = 0
         self.num_window_freed_blocks = 0  # cumulative: blocks whose last holder dropped them (window)
         self.used_per_group: dict[int, int] = {}  # KV cache group -> its blocks with ref_cnt > 0
+        # vLLM's prefix index (use_hash_index): hashes are trusted, and blocks after the first of a key wait here
+        self.hash_index = False
+        self.duplicates: dict[int | tuple[int, int], list[KVBlock]] = {}
+
+    def use_hash_index(self) -> None:
+        """Index blocks as vLLM does (see the module doc): by hash and tokens, several blocks per hash."""
+        self.hash_index = True
 
     # ---- state -------------------------------------------------------------------------------
     @property
@@ -112,13 +130,16 @@ class BlockPool:
         # Per block of every allocation (in a long run each one evicts a cached block): locals, and
         # ``FreeBlockQueue.pop``, the eviction (index entry, contents, epoch, event) and ``_emit`` inlined.
         empty, lru, index, listeners = free_queue.empty, free_queue.cached, self.cached, self.listeners
+        duplicates = self.duplicates  # empty unless use_hash_index
         out = []
         for _ in range(n):
             block = empty.pop() if empty else lru.popitem(last=False)[1]
             h = block.block_hash
             if h is not None:  # evict it
                 key = h.value if block.group == 0 else (block.group, h.value)  # cache_key
-                if index.get(key) is block:
+                if duplicates:
+                    self._unindex(key, block)
+                elif index.get(key) is block:
                     del index[key]
                 block.block_hash = None
                 block.parent = None
@@ -197,12 +218,12 @@ class BlockPool:
         module doc)."""
         hits: list[KVBlock] = []
         prev: KVBlock | None = None
-        index = self.cached
+        index, verify_parents = self.cached, not self.hash_index
         for h in hashes:
             block = index.get(h.value if group == 0 else (group, h.value))  # cache_key
             if block is None or block.block_hash is None or block.block_hash.token_ids != h.token_ids:
                 break
-            if block.parent is not prev or (prev is not None and block.parent_epoch != prev.epoch):
+            if verify_parents and (block.parent is not prev or (prev is not None and block.parent_epoch != prev.epoch)):
                 break
             hits.append(block)
             prev = block
@@ -227,11 +248,17 @@ class BlockPool:
                 continue
             if previous is not None:  # no lookup could reach it unless its parent is indexed (_is_indexed)
                 ph, pg = previous.block_hash, previous.group
-                if ph is None or index.get(ph.value if pg == 0 else (pg, ph.value)) is not previous:
+                if ph is None or (index.get(ph.value if pg == 0 else (pg, ph.value)) is not previous
+                                  and not self.hash_index):
                     continue
             key = block_hash.value if block.group == 0 else (block.group, block_hash.value)  # cache_key
             existing = index.get(key)
             if existing is not None:
+                if self.hash_index:  # vLLM's: the first block of a hash is served, the others wait their turn
+                    self.duplicates.setdefault(key, []).append(block)
+                    self._set_cached(block, block_hash, previous)
+                    out.append(block)
+                    continue
                 if self._is_valid(existing):
                     continue
                 self.uncache([existing])  # stale: its prefix was evicted
@@ -243,6 +270,27 @@ class BlockPool:
             for listener in listeners:
                 listener(BLOCK_CACHED, block.block_id)
         return out
+
+    def _set_cached(self, block: KVBlock, block_hash: BlockHash, parent: KVBlock | None) -> None:
+        """``cache_chain``'s marking of a block as cached, for a duplicate (``use_hash_index``)."""
+        block.block_hash = block_hash
+        block.parent = parent
+        block.parent_epoch = parent.epoch if parent is not None else 0
+        if self.listeners:
+            self._emit(BLOCK_CACHED, block.block_id)
+
+    def _unindex(self, key: int | tuple[int, int], block: KVBlock) -> None:
+        """Take ``block`` out of the prefix index; the oldest duplicate of its hash, if any, is served next."""
+        waiting = self.duplicates.get(key)
+        if self.cached.get(key) is block:
+            if waiting:
+                self.cached[key] = waiting.pop(0)
+            else:
+                del self.cached[key]
+        elif waiting and block in waiting:
+            waiting.remove(block)
+        if waiting is not None and not waiting:
+            del self.duplicates[key]
 
     def _is_indexed(self, block: KVBlock) -> bool:
         h = block.block_hash
@@ -257,7 +305,9 @@ class BlockPool:
         for block in blocks:
             if block.block_hash is not None:
                 key = cache_key(block.group, block.block_hash.value)
-                if self.cached.get(key) is block:
+                if self.duplicates:
+                    self._unindex(key, block)
+                elif self.cached.get(key) is block:
                     del self.cached[key]
                 if block.ref_cnt == 0:  # move it from the cached part of the queue to the empty part
                     self.free_queue.remove(block)

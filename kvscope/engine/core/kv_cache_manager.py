@@ -175,7 +175,7 @@ class KVCacheManager:
         if need > 0 and need > len(pool.free_queue):  # pool.num_free_blocks, without the property calls
             return False
         if computed == 0 and pool.enable_caching:  # as _allocate counts
-            pool.prefix_cache_queries += len(request.all_token_ids)
+            self._count_lookup(request, len(request.all_token_ids), 0)
         if need > 0:
             table.extend([b.block_id for b in pool.allocate(need, 0)])
         if pool.enable_caching:
@@ -186,23 +186,38 @@ class KVCacheManager:
                 self._offer_full_blocks(request, num_tokens)
         return True
 
+    def can_allocate(self, request: Request, num_new_tokens: int,
+                     hits: KVCacheBlocks | list[KVBlock] | None = None) -> bool:
+        """Whether the free blocks now hold ``num_new_tokens`` more tokens of ``request`` after ``hits``
+        (counting the hits that would leave the free queue), changing nothing: vLLM's admission check of a
+        whole sequence (``SchedulerRules.reserve_full_isl``; its ``full_sequence_must_fit``)."""
+        hits = _as_hits(hits)
+        return self._blocks_to_allocate(request, num_new_tokens, hits)[1] <= self.pool.num_free_blocks
+
+    def _blocks_to_allocate(self, request: Request, num_new_tokens: int,
+                            hits: KVCacheBlocks) -> tuple[list[int], int]:
+        """Per group, the blocks ``num_new_tokens`` more tokens (after ``hits``) add to the request's
+        tables; and the free blocks that takes, the hits revived from the free queue included."""
+        bs, num_hits = self.block_size, len(hits)
+        num_total = request.num_computed_tokens + num_hits * bs + num_new_tokens
+        num_new_blocks = [cdiv(num_total, bs) - len(t) - num_hits for t in self.tables(request)]
+        revived = sum(1 for group in hits.blocks for b in group if b is not None and b.ref_cnt == 0)
+        return num_new_blocks, sum(max(0, n) for n in num_new_blocks) + revived
+
     def _allocate(self, request: Request, num_new_tokens: int, hits: KVCacheBlocks | list[KVBlock] | None) -> bool:
         """``allocate_slots`` in general: any groups, windows and prefix-cache hits."""
         bs = self.block_size
-        if not isinstance(hits, KVCacheBlocks):  # a plain list: group 0's hits (one group)
-            hits = KVCacheBlocks([list(hits or [])], len(hits or []))
+        hits = _as_hits(hits)
         tables = self.tables(request)
         self.remove_skipped_blocks(request, request.num_computed_tokens)
         num_hits = len(hits)
         num_total = request.num_computed_tokens + num_hits * bs + num_new_tokens
-        num_new_blocks = [cdiv(num_total, bs) - len(t) - num_hits for t in tables]
+        num_new_blocks, needed = self._blocks_to_allocate(request, num_new_tokens, hits)
         hit_blocks = [b for group in hits.blocks for b in group if b is not None]
-        revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hits that leave the free queue
-        if sum(max(0, n) for n in num_new_blocks) > self.pool.num_free_blocks - revived:
+        if needed > self.pool.num_free_blocks:  # the hits that leave the free queue count too
             return False
         if request.num_computed_tokens == 0 and self.pool.enable_caching:  # count admissions, not retries
-            self.pool.prefix_cache_queries += request.num_tokens
-            self.pool.prefix_cache_hits += num_hits * bs
+            self._count_lookup(request, request.num_tokens, num_hits * bs)
         if num_hits:
             self.pool.touch(hit_blocks)
             for table, group in zip(tables, hits.blocks):
@@ -217,6 +232,16 @@ class KVCacheManager:
         if self.pool.enable_caching:  # only tokens the request has: draft tokens never enter the cache
             self._offer_full_blocks(request, min(num_total, request.num_tokens))
         return True
+
+    def _count_lookup(self, request: Request, queries: int, hits: int) -> None:
+        """An admission's prefix-cache lookup, in tokens; a preempted request's apart under vLLM's rules."""
+        pool = self.pool
+        if request.num_preemptions and pool.preempted_hits_apart:
+            pool.preempted_prefix_cache_queries += queries
+            pool.preempted_prefix_cache_hits += hits
+        else:
+            pool.prefix_cache_queries += queries
+            pool.prefix_cache_hits += hits
 
     def _offer_full_blocks(self, request: Request, num_tokens: int) -> None:
         num_full = num_tokens // self.block_size
@@ -271,3 +296,10 @@ class KVCacheManager:
         """The step's forward pass failed: blocks cached for it hold no valid K/V."""
         self.pool.uncache(self.cached_this_step)
         self.cached_this_step = []
+
+
+def _as_hits(hits: KVCacheBlocks | list[KVBlock] | None) -> KVCacheBlocks:
+    """A prefix-cache hit as ``KVCacheBlocks`` (a plain list is group 0's hits: one group)."""
+    if isinstance(hits, KVCacheBlocks):
+        return hits
+    return KVCacheBlocks([list(hits or [])], len(hits or []))

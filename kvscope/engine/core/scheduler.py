@@ -27,6 +27,12 @@ blocks that held only rejected drafts (``KVCacheManager.trim``).
 Sliding windows: ``KVCacheManager.allocate_slots`` first gives back the blocks of a running request
 that left the window of every layer reading them (from ``num_computed_tokens``, never counting drafts),
 so a long request on a windowed model holds about ``window / block_size`` blocks per sliding group.
+
+Engine rules (``EngineConfig.scheduler_rules``, ``core/rules.py``): kvscope's own by default; vLLM's
+(``--engine vllm``) admit a waiting request only if the free blocks hold its whole sequence
+(``reserve_full_isl``), free the requests a step finishes in schedule order, and index the prefix cache as
+vLLM does (``hash_index``, set on the pool here). All act outside the running loop, so kvscope's rules cost
+that loop nothing (docs/vllm_scheduling.md lists every rule of vLLM's that can change a schedule).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from collections import deque
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.core.kv_cache_manager import KVCacheManager
 from kvscope.engine.core.output import SchedulerOutput, SchedulerUpdate
+from kvscope.engine.core.rules import SchedulerRules
 from kvscope.engine.core.stats import scheduler_stats
 from kvscope.engine.core.stop import take_token, take_tokens
 from kvscope.engine.request import Request, RequestStatus
@@ -60,6 +67,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.wait_reason: str | None = None  # why the last schedule() left requests waiting (WAIT_REASONS)
+        self.rules = SchedulerRules.coerce(getattr(config, "scheduler_rules", None))
+        if self.rules.hash_index:
+            kv.pool.use_hash_index()
+        kv.pool.preempted_hits_apart = self.rules.preempted_hits_apart
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -172,6 +183,9 @@ class Scheduler:
                     continue
                 return WAIT_TOKEN_BUDGET
             num_new = min(num_new, budget)
+            if self.rules.reserve_full_isl and not self.kv.can_allocate(request, request.num_tokens - num_computed,
+                                                                         hits):
+                return WAIT_NO_FREE_BLOCKS  # vLLM's rule: the whole sequence must fit, not only this chunk
             if not self.kv.allocate_slots(request, num_new, hits):
                 return WAIT_NO_FREE_BLOCKS  # wait for running requests to free blocks
             self.waiting.popleft()
@@ -227,6 +241,8 @@ class Scheduler:
         if out.scheduled_spec_decode_tokens:
             return self._update_speculative(out, sampled, token_ids, num_accepted or {})
         stopped = take_tokens(sampled, token_ids, self.eos_token_ids, self.max_model_len)
+        if len(stopped) > 1 and self.rules.finish_in_schedule_order:  # vLLM frees them as it walks its schedule
+            stopped = {r: stopped[r] for r in out.requests if r in stopped}
         for request, status in stopped.items():
             self.finish(request, status)
         return SchedulerUpdate(sampled, token_ids, list(stopped))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from kvscope.engine.worker.fusion import FastModel
 from kvscope.engine.worker.model_input import ModelInput
 from kvscope.engine.worker.rejection import verify
 from kvscope.engine.worker.sampler import sample
-from kvscope.kernels.backend import KernelBackend
+from kvscope.kernels.backend import KernelBackend, resolve_backend
 from kvscope.kernels.torch_paged import AttentionPlan
 
 
@@ -36,6 +37,7 @@ class ModelRunner:
         self.spec = spec
         self.block_size = block_size
         self.backend = backend
+        self._resolved = backend  # the backend as resolved or switched to (``self.backend`` may be a wrapped copy)
         self.device = device
         # one spec per KV layer (the probe's), or num_layers alike ones from the spec's fields
         self.layers: tuple[LayerSpec, ...] = spec.layers or (
@@ -67,6 +69,16 @@ class ModelRunner:
         self.kv_caches = [self.kv_slots[slot] for slot in cfg.layer_slot]
         self.num_blocks = num_blocks
 
+    def _switch_backend(self) -> None:
+        """At a step boundary: the kernel built in the background (``kernels/background_build.py``) replaces
+        the torch one once its build is done; a failed build leaves torch, with nothing pending."""
+        pending = self.backend.pending
+        done = pending.poll() if pending is not None else None
+        if pending is None or done is None:
+            return
+        self.backend = self._resolved = (resolve_backend(pending.name, self.device) if done
+                                         else replace(self.backend, pending=None))
+
     @property
     def backend_name(self) -> str:
         """The attention backend's name (``kvscope.engine.protocols.Worker``: what the run metadata reports)."""
@@ -87,6 +99,8 @@ class ModelRunner:
         The per-request loop only gathers Python lists (``_gather``); positions, slots and offsets are
         computed with numpy over all tokens at once.
         """
+        if self.backend.pending is not None and self.backend is self._resolved:  # not while a profiler wraps it
+            self._switch_backend()
         requests, query_lens, starts = sched.packing_order()
         spec = sched.scheduled_spec_decode_tokens  # a verification: its last sampled token, then its drafts
         token_ids, group_tables = self._gather(requests, query_lens, starts, spec)

@@ -50,7 +50,8 @@ class LiveRun(Recording):
 
     ``make_engine`` is an engine (``kvscope.engine.protocols.EngineClient``: an ``Engine``, a ``PDEngine``, a
     simulated one) or a no-argument callable returning one (called on the engine thread, so a slow model load
-    does not block the caller). ``workload`` is a list of ``WorkItem`` or
+    does not block the caller; one with a ``release(engine)`` method gets the engine back when the run is over:
+    ``kvscope.runs.setup.engine_cache.EngineLease``). ``workload`` is a list of ``WorkItem`` or
     a function of the engine returning one (synthetic prompts need its vocabulary). ``step_delay`` (seconds) sleeps
     between steps, to watch a fast model. ``profile_steps`` > 0 captures that many steps with
     torch.profiler (after one warm-up step); ``capture_slow=(steps, windows)``: ``Engine.capture_slow``, its
@@ -201,6 +202,9 @@ class LiveRun(Recording):
                 self._finish(self.engine)
         finally:
             release_engines(self)
+            give_back = getattr(self._make_engine, "release", None)  # a kept engine's (runs/setup/engine_cache.py)
+            if give_back is not None and self.engine is not None:
+                give_back(self.engine)
 
     def _abort_own(self, engine: EngineClient) -> None:
         """Abort this run's unfinished requests (not those another thread added to the same engine)

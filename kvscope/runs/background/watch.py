@@ -35,7 +35,9 @@ from kvscope.runs.result.run import Run, WatchedRun
 from kvscope.telemetry.records import RequestEvent, StepRecord
 from kvscope.watched.limits import MAX_RECORDS
 from kvscope.watched.metrics import metrics_url
+from kvscope.watched.otlp_receiver import OtlpReceiver
 from kvscope.watched.plugin_log import PluginLog
+from kvscope.watched.prompt_match import match_prompts
 from kvscope.watched.source import LOST, WatchSource
 from kvscope.watched.streams import EventStreams, check_endpoints
 
@@ -54,7 +56,12 @@ class WatchRun(Recording):
     (bind: vLLM connects to a concrete address) give one endpoint per URL, or, for one URL, one per
     data-parallel rank (rank r publishes on port + r); ``replay`` one replay endpoint per event endpoint.
     ``plugin_log``: the JSONL that kvscope's vLLM plugin appends to (one per URL): with it, the records are
-    vLLM's own steps. ``duration``: stop after that many seconds (``None``: until ``stop()``)."""
+    vLLM's own steps. ``duration``: stop after that many seconds (``None``: until ``stop()``).
+    ``otlp``: ``HOST:PORT`` to receive vLLM's OTLP/HTTP request spans on (``otlp_endpoint`` is the URL to give
+    vLLM's ``--otlp-traces-endpoint``): with it, each finished request is a row of ``run.requests()`` from vLLM's
+    own per-request times. ``prompts``: the prompts the load generator sent, in sending order (token id lists,
+    or a file: ``kvscope.runs.workload.sent``, with ``tokenizer`` and ``chat_template`` for text), matched to the
+    requests by ``kvscope.watched.prompt_match``'s rule so that a replay has their token ids."""
 
     noun = "watch"
 
@@ -73,6 +80,10 @@ class WatchRun(Recording):
         timeout: float | None = None,
         dashboard: bool = False,
         dashboard_options: dict[str, Any] | None = None,
+        otlp: str | None = None,
+        prompts: str | os.PathLike | Sequence[Sequence[int]] | None = None,
+        tokenizer: str | None = None,
+        chat_template: bool = False,
     ) -> None:
         self.urls = [metrics_url(u) for u in _listed(urls)]
         if not self.urls:
@@ -88,8 +99,13 @@ class WatchRun(Recording):
         self.timeout = timeout if timeout is not None else min(max(self.interval, 1.0), 5.0)
         super().__init__(outputs or Outputs())
         self.t0_ns = time.perf_counter_ns()
+        if isinstance(prompts, (str, os.PathLike)):
+            from kvscope.runs.workload.sent import sent_prompt_ids
+
+            prompts = sent_prompt_ids(prompts, tokenizer, chat_template)
+        self.prompts = None if prompts is None else [list(p) for p in prompts]
         self.source = WatchSource(self.urls, t0_ns=self.t0_ns, interval_s=self.interval,
-                                  plugin_records=bool(self.plugin_logs))
+                                  plugin_records=bool(self.plugin_logs), otlp=otlp is not None)
         self.meta: dict[str, Any] = {
             "model": "vLLM", "device": "vLLM server" + ("s" if len(self.urls) > 1 else ""),
             "source_kind": "kvscope watch", "kvscope_version": __version__, "t0_ns": self.t0_ns,
@@ -111,6 +127,9 @@ class WatchRun(Recording):
             from kvscope.widgets.watch_dashboard import WatchDashboard
 
             self.dashboard = WatchDashboard(control=self, meta=self.meta, **(dashboard_options or {}))
+        # listens from here on (last, so nothing fails after it binds); closed when the watch winds down
+        self.otlp = OtlpReceiver(otlp) if otlp is not None else None
+        self.otlp_endpoint = self.otlp.endpoint if self.otlp is not None else None  # vLLM's --otlp-traces-endpoint
 
     # ---- state (any thread; the control is ``Lifecycle``'s) ----------------------------------------
     @property
@@ -130,6 +149,12 @@ class WatchRun(Recording):
             text += f" · {gaps} KV event gap{'s' if gaps > 1 else ''}"
         return text
 
+    def close(self) -> None:
+        """``Lifecycle.close``; a watch never started lets go of its OTLP port too."""
+        super().close()
+        if self.otlp is not None and self._thread is None:
+            self.otlp.close()
+
     # ---- results (any thread) -------------------------------------------------------------------------
     @property
     def run(self) -> Run:
@@ -141,6 +166,7 @@ class WatchRun(Recording):
             if self._copy is None or self._copy[0] != n:
                 live = self._so_far.run()
                 events = sorted(live.events, key=lambda e: e.t_ns)
+                self._match_prompts(events)
                 self._copy = (n, WatchedRun(live.records, events, self._meta_copy()))
             return self._copy[1]
 
@@ -154,6 +180,12 @@ class WatchRun(Recording):
             watch[name] = copied if name == "lanes" else copied[""]
         return {**self.meta, "watch": watch}
 
+    def _match_prompts(self, events: list[RequestEvent]) -> None:
+        """The sent prompts' token ids onto the requests' queued events (``prompt_match``), and what the match did
+        in ``meta["watch"]["prompts"]`` (under the lock)."""
+        if self.prompts is not None:
+            self.meta["watch"]["prompts"] = match_prompts(events, self.prompts).as_json()
+
     def _file_writers(self) -> dict[str, Callable[[Path], Path]]:
         run = self.run  # the three files from the same moment
         return {"trace": run.save_trace, "metrics": run.save_metrics, "html": run.save_html}
@@ -162,6 +194,8 @@ class WatchRun(Recording):
     def _body(self) -> None:
         self._end = None if self.duration is None else time.monotonic() + self.duration
         self.streams.deadline = self._end
+        if self.otlp is not None:
+            self.otlp.start()
         try:
             self.streams.open(self.connect, self.bind, self.replay, self.topic)
         except ValueError as exc:
@@ -179,6 +213,8 @@ class WatchRun(Recording):
             self._finish()
         finally:
             self.streams.close()
+            if self.otlp is not None:
+                self.otlp.close()
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.interval
@@ -202,6 +238,8 @@ class WatchRun(Recording):
         was_lost, self._num_lost = self._num_lost, sum(span[2] is None for span in self.source.lost)
         with self._lock:
             self.streams.count_faults()
+            if self.otlp is not None:
+                self.source.on_spans(*self.otlp.take())
             records, events = self.source.tick(time.perf_counter_ns(), layout=final or self.dashboard is not None,
                                                force=final)
             self._update_meta()
@@ -221,6 +259,11 @@ class WatchRun(Recording):
         self.meta["model"] = w.get("model") or "vLLM"
         self.meta["block_size"] = next((e["block_size"] for e in engines if e["block_size"]), 0)
         self.meta["num_blocks"] = sum(e["num_gpu_blocks"] or 0 for e in engines)
+        config = w.get("config")  # the server's settings (the plugin's), under a kvscope run's meta["config"] names
+        if config is not None:
+            self.meta["config"] = config
+            if isinstance(config.get("max_model_len"), int) and not isinstance(config["max_model_len"], bool):
+                self.meta["max_model_len"] = config["max_model_len"]
 
     def _finish(self) -> None:
         if not self._ticked:  # nothing was watched: no files
@@ -234,9 +277,11 @@ class WatchRun(Recording):
                 self.error, self.status = exc, RunStatus.FAILED
         self._final = None
         with self._lock:
-            meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
             live = self._so_far.run()
-            self._final = WatchedRun(live.records, sorted(live.events, key=lambda e: e.t_ns), meta)
+            events = sorted(live.events, key=lambda e: e.t_ns)
+            self._match_prompts(events)
+            meta = copy.deepcopy(self.meta)  # the whole run's: nothing changes it any more
+            self._final = WatchedRun(live.records, events, meta)
         self._write_files()
 
     def _describe(self) -> str:

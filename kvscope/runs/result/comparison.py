@@ -3,8 +3,9 @@
 ```python
 cmp = kvscope.compare("bs16.trace.json", "bs64.trace.json", labels=["16", "64"])  # or Run objects
 cmp.table                  # metric x run DataFrame: each run's value, then "<run> / <first>" ratios
-cmp.per_run                # one row per run (what the sweep writes as CSV)
-cmp.warnings               # different models, workloads or devices; dropped steps; unfinished requests
+cmp.per_run                # one row per run (a sweep's: per value, the median of its --repeat runs; its CSV)
+cmp.warnings               # different systems, models, workloads or devices; dropped steps; unfinished requests
+cmp.notes                  # what relates them without a warning: a simulation replaying another of the runs
 cmp.show()                 # in a notebook: the table, overlaid time series and latency, page maps
 cmp.save_html("cmp.html")  # the same, standalone and offline (``kvscope.widgets.compare``)
 ```
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from kvscope.runs.result.lineage import prompts_digest, replayed_run, system_of
 from kvscope.runs.result.run import Run
 
 
@@ -42,6 +44,7 @@ METRICS = (
     Metric("output_tokens_per_s", "throughput (output tokens/s)", better="higher"),
     Metric("total_tokens_per_s", "throughput incl. prefill (tokens/s)", better="higher"),
     Metric("ttft_p50_s", "TTFT p50", "ms", "lower"),
+    Metric("ttft_p90_s", "TTFT p90", "ms", "lower"),
     Metric("ttft_p99_s", "TTFT p99", "ms", "lower"),
     Metric("itl_p50_s", "ITL p50", "ms", "lower"),
     Metric("itl_p99_s", "ITL p99", "ms", "lower"),
@@ -152,7 +155,9 @@ class Comparison:
 
     @property
     def per_run(self) -> pd.DataFrame:
-        """One row per run: label, the swept option's value (a sweep), model, source, every metric."""
+        """One row per run: label, the swept option's value (a sweep), model, source, every metric. A sweep
+        keeps one run per value (``kvscope.runs.background.sweep``): with ``--repeat N`` its row is the median of
+        the N runs, metric by metric, and the warm-up run is in no row."""
         rows = []
         for i, (label, run, s) in enumerate(zip(self.labels, self.runs, self.summaries)):
             row: dict[str, Any] = {"run": label}
@@ -196,17 +201,33 @@ class Comparison:
         def listed(values) -> str:
             return ", ".join(f"{label}: {value}" for label, value in zip(labels, values))
 
-        models = [r.meta.get("model", "?") for r in self.runs]
+        metas: list[Mapping[str, Any]] = [r.meta for r in self.runs]
+        systems = [system_of(m) for m in metas]
+        if len(set(systems)) > 1:
+            out.append(f"unlike systems ({listed(systems)}): a P/D run spreads requests over instances, so its "
+                       "throughput and latency are not a colocated engine's; compare end-to-end figures only"
+                       + _records_from(labels, metas))
+        models = [m.get("model", "?") for m in metas]
         if len(set(models)) > 1:
             out.append(f"different models ({listed(models)}): throughput and latency differ for that reason too")
-        elif len({repr(r.meta.get("spec")) for r in self.runs}) > 1:
-            out.append("the model has different shapes or dtypes in these runs (its KV bytes per token differ)")
+        else:
+            shapes = [_shape(m) for m in metas]
+            if len(set(shapes)) > 1:
+                out.append("the model has different shapes or dtypes in these runs (KV bytes per token: "
+                           f"{listed(s[0] for s in shapes)}; layers x KV heads x head size, dtype: "
+                           f"{listed(f'{s[1]} x {s[2]} x {s[3]}, {s[5]}' for s in shapes)})")
         workloads = [workload_signature(r) for r in self.runs]
+        digests = [prompts_digest(r.events) for r in self.runs]
         if len({w[0] for w in workloads}) > 1:
             out.append(f"different workloads: {listed(f'{w[0]} requests' for w in workloads)}")
-        elif len(set(workloads)) > 1:
+        elif (all(d[1] is not None for d in digests) and len({d[1] for d in digests}) > 1) or \
+                (any(d[1] is None for d in digests) and len(set(workloads)) > 1):  # token ids where known, else texts
             out.append("different workloads: the same number of requests, but different prompts")
-        devices = [r.meta.get("device", "?") for r in self.runs]
+        devices = [m.get("device", "?") for m in metas]
+        for i in range(len(metas)):  # a replay's simulated device stands in for its run's: no warning for it
+            j = replayed_run(metas, i)
+            if j is not None:
+                devices[i] = devices[j]
         if len(set(devices)) > 1:
             out.append(f"different devices ({listed(devices)})")
         for label, run, s in zip(labels, self.runs, self.summaries):
@@ -215,6 +236,28 @@ class Comparison:
                 out.append(f"{label}: the recorder dropped its first {dropped} steps; its numbers cover the rest")
             if s["finished"] < s["requests"]:
                 out.append(f"{label}: {s['requests'] - s['finished']} of {s['requests']} requests did not finish")
+        return out
+
+    @property
+    def notes(self) -> list[str]:
+        """What relates the runs without making them unlike, one sentence each: a simulation that replays
+        another run of the comparison (its requests, on the run's engine settings but those it changed)."""
+        out = []
+        metas: list[Mapping[str, Any]] = [r.meta for r in self.runs]
+        for i, meta in enumerate(metas):
+            j = replayed_run(metas, i)
+            if j is None:
+                continue
+            simulated = _mapping(meta.get("simulated"))
+            replay = _mapping(simulated.get("replay"))
+            changed = _mapping(replay.get("changed"))
+            what = "; ".join(f"{name} {c.get('run')} -> {c.get('replay')}" for name, c in changed.items()
+                             if isinstance(c, dict))
+            timed = simulated.get("step_model_from") or "a step-time model"
+            out.append(f"{self.labels[i]} is a simulation replaying {self.labels[j]}: its requests on a simulated "
+                       f"engine (step times: {timed}), "
+                       + (f"what-if: {what}" if what else "with the run's engine settings (its differences from "
+                          "the run are the simulator's error)"))
         return out
 
     # ---- display -------------------------------------------------------------------------------
@@ -237,6 +280,28 @@ class Comparison:
 
     def __repr__(self) -> str:
         return f"<Comparison of {len(self.runs)} runs: {', '.join(self.labels)}>"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _shape(meta: Mapping[str, Any]) -> tuple:
+    """What sizes the KV cache: bytes per token, layers, KV heads, head size, query heads, dtype (a replay's
+    spec has no per-layer list: the per-layer details are not compared)."""
+    spec = _mapping(meta.get("spec"))
+    return (meta.get("kv_bytes_per_token"), *(spec.get(k) for k in ("num_layers", "num_kv_heads", "head_dim",
+                                                                       "num_heads", "dtype")))
+
+
+def _records_from(labels: Sequence[str], metas: Sequence[Mapping[str, Any]]) -> str:
+    """Which instance a P/D run's step figures come from (``meta["pd"]["records_from"]``), if it says."""
+    said = []
+    for label, meta in zip(labels, metas):
+        source = _mapping(meta.get("pd")).get("records_from")
+        if source:
+            said.append(f"{label}'s step figures are instance {source}'s")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def workload_signature(run: Run) -> tuple[int, tuple]:

@@ -132,7 +132,7 @@ class Run:
         if isinstance(exact, dict):
             computed.update({k: math.nan if v is None else v for k, v in exact.items() if k in computed})
         if isinstance(self.meta.get("pd"), dict):  # a P/D run: its transfers, TTFT / ITL per instance
-            computed.update(pd_summary(self.meta["pd"]))
+            computed.update(pd_summary(self.meta["pd"], computed))  # the system's figures, end to end
         return computed
 
     def prefix_misses(self) -> pd.DataFrame:
@@ -211,7 +211,10 @@ class WatchedRun(Run):
     def summary(self) -> dict[str, Any]:
         from kvscope.watched.summary import watch_summary
 
-        return {**super().summary(), **watch_summary(self.meta["watch"])}
+        out = {**super().summary(), **watch_summary(self.meta["watch"])}
+        if out.get("itl_p50_s") != out.get("itl_p50_s"):  # no token times in the steps: vLLM's histogram's estimate
+            out["itl_p50_s"] = out.get("itl_p50_s_estimate", math.nan)  # (so a simulation's compares with it)
+        return out
 
     def _lanes(self) -> list[Lane]:
         from kvscope.watched.summary import engine_tracks

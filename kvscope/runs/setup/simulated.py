@@ -26,6 +26,8 @@ from kvscope.engine.protocols import EngineClient
 from kvscope.options.parser import OptionError
 from kvscope.pd.sim_engine import SimLink, SimPDEngine
 from kvscope.planning.gpus import find_gpu
+from kvscope.planning.planner import DEFAULT_RESERVE, default_max_len, weights_bytes
+from kvscope.runs.result.lineage import run_identity
 from kvscope.runs.setup.prepare import (
     LAZY_ABOVE,
     RunSetup,
@@ -34,10 +36,12 @@ from kvscope.runs.setup.prepare import (
     sampling_params,
     workload,
 )
+from kvscope.runs.setup.replay import check_replay_header, replay_settings
 from kvscope.runs.setup.spec import RunSpec
+from kvscope.runs.setup.watched_replay import for_replay
 from kvscope.runs.workload.items import WorkItem, iter_arrival_times, parse_arrival, with_arrivals
 from kvscope.runs.workload.recorded import replay_workload
-from kvscope.sim.build import simulated_engine
+from kvscope.sim.build import VLLM_CPU_DEFAULTS, pool_blocks, simulated_engine, with_engine_rules
 from kvscope.sim.calibrate import fit_step_model
 from kvscope.sim.roofline import RooflineModel
 from kvscope.sim.shape import SimShape, resolve_shape, shape_of_run
@@ -47,8 +51,7 @@ from kvscope.utils.clock import VirtualClock
 if TYPE_CHECKING:
     from kvscope.runs.result.run import Run
 
-GiB = 1 << 30
-ACTIVATION_RESERVE = 4 * GiB  # the course's 40 GB - 14 - 4: what a GPU plan keeps for activations
+ACTIVATION_RESERVE = DEFAULT_RESERVE  # the course's 40 GB - 14 - 4: what a GPU plan keeps (kvscope.planning.planner)
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +64,8 @@ class SimSpec:
     acceptance_rate: float | None = None  # speculative decoding: each draft's chance of acceptance
     kv_bandwidth: float | None = None  # --pd: GB/s between instances (default SimLink's)
     kv_latency: float | None = None  # --pd: seconds added to every transfer (default SimLink's)
+    engine: str = "kvscope"  # whose scheduling rules (kvscope.engine.core.rules): "kvscope" or "vllm"
+    tp: int = 1  # with gpu: the GPUs one instance spans (tensor parallelism: their memory less the weights is KV)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -111,29 +116,65 @@ def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
         raise OptionError("simulating speculative decoding takes --speculative (how many drafts) and "
                           "--acceptance-rate P (each draft accepted with probability P) together")
     link = _link(spec, sim)
+    replay = None
     try:
         recorded = _load_replay(sim.replay) if sim.replay else None
+        recorded = for_replay(recorded, spec.model, sim.dtype, str(sim.replay)) if recorded is not None else None
+        if recorded is not None:  # the run's header, then its settings with the options given over them
+            check_replay_header(recorded.meta, str(sim.replay))
+            replay = replay_settings(recorded.meta, str(sim.replay), spec.engine, gpu=sim.gpu)
         default_dtype = torch.bfloat16 if sim.gpu else torch.float32
         shape = shape_of_run(recorded.meta) if recorded is not None and spec.model == "tiny" else \
             resolve_shape(spec.model, sim.dtype, default_dtype=default_dtype)
         step_model, how = _step_model(sim, shape, recorded)
     except ValueError as exc:
         raise OptionError(str(exc)) from None
-    config = engine_config(spec.engine)
+    config = replay.config if replay is not None else engine_config(spec.engine)
+    config = _engine_rules(config, sim.engine, spec, replay=replay is not None)
     kv_budget = None
-    if sim.gpu:
-        kv_budget = find_gpu(sim.gpu).memory_bytes - shape.spec.num_params * shape.spec.dtype_bytes \
-            - ACTIVATION_RESERVE
+    if sim.gpu:  # the GPU's memory - the weights - the reserve, counted as kvscope plan counts them
+        counted = weights_bytes(shape.name, shape.spec.num_params, shape.spec.dtype_bytes)
+        weights = counted[0] if counted is not None else 0
+        kv_budget = sim.tp * (find_gpu(sim.gpu).memory_bytes - ACTIVATION_RESERVE) - weights
         if kv_budget <= 0:
-            raise OptionError(f"{shape.name} does not fit on {sim.gpu}: its weights and the activation reserve "
+            on = sim.gpu if sim.tp == 1 else f"{sim.tp} x {sim.gpu}"
+            raise OptionError(f"{shape.name} does not fit on {on}: its weights and the activation reserve "
                               "leave no KV memory")
+    notes: list[str] = []
     if sim.static:
         config = _static(config, shape, kv_budget)
+        notes.append(f"kvscope: static reservation: {config.max_model_len} token slots per request (--max-model-len "
+                     f"to change), so at most {config.max_num_seqs} requests run at once, as `kvscope plan` counts")
+        if replay is not None:
+            replay.reasons.update(max_num_seqs="--static: as many as max_model_len slots fit",
+                                  num_blocks="--static: the slots of those requests")
+    try:  # the pool's size checked before anything runs (bounded: kvscope.sim.build.MAX_SIM_BLOCKS)
+        pool_blocks(config, shape, kv_budget)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     params = sampling_params(spec.sampling)
     items = _replayed(recorded, spec) if recorded is not None else workload(spec, params)
-    meta = {"step_model_from": how, "replay_of": sim.replay, "static_reservation": sim.static, "gpu": sim.gpu}
-    return SimSetup(shape.name, config, params, items, spec, shape=shape, step_model=step_model, kv_budget=kv_budget,
-                    sim_meta=meta, acceptance_rate=sim.acceptance_rate, link=link)
+    meta: dict[str, Any] = {"step_model_from": how, "replay_of": sim.replay, "static_reservation": sim.static,
+                            "gpu": sim.gpu}
+    if recorded is not None and replay is not None:
+        try:
+            replay.finish(config, pool_blocks(config, shape, kv_budget))
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        meta["replay"] = {"run": run_identity(recorded.meta, recorded.events, str(sim.replay)), **replay.to_json()}
+        notes = replay.notes() + list(recorded.meta.get("replay_notes", [])) + notes
+    return SimSetup(shape.name, config, params, items, spec, notes, shape=shape, step_model=step_model,
+                    kv_budget=kv_budget, sim_meta=meta, acceptance_rate=sim.acceptance_rate, link=link)
+
+
+def _engine_rules(config: EngineConfig, engine: str, spec: RunSpec, replay: bool) -> EngineConfig:
+    """``--engine``: the config under that engine's scheduling rules, with its defaults for the settings not given
+    (a replay keeps the recorded run's; ``kvscope.sim.build.with_engine_rules``)."""
+    given = set(VLLM_CPU_DEFAULTS) if replay else {k for k in VLLM_CPU_DEFAULTS if getattr(spec.engine, k) is not None}
+    try:
+        return with_engine_rules(config, engine, given)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _link(spec: RunSpec, sim: SimSpec) -> SimLink | None:
@@ -160,7 +201,10 @@ def _replayed(recorded: Run, spec: RunSpec) -> list[WorkItem]:
     if given:
         raise OptionError(f"--replay submits the recorded run's requests; leave out {', '.join(given)} "
                           "(--rate re-times them)")
-    items = replay_workload(recorded)
+    try:
+        items = replay_workload(recorded)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     return with_arrivals(items, w.rate, w.arrival, spec.sampling.seed) if w.rate is not None else items
 
 
@@ -193,8 +237,10 @@ def _step_model(sim: SimSpec, shape: SimShape, recorded: Run | None) -> tuple[St
 
 def _static(config: EngineConfig, shape: SimShape, kv_budget: int | None) -> EngineConfig:
     """Static reservation: each running request holds ``max_model_len`` token slots from its admission, so
-    at most budget / (max_model_len x bytes per token) run at once; the paged pool is big enough for them."""
-    max_len = config.max_model_len or shape.spec.max_model_len
+    at most budget / (max_model_len x bytes per token) run at once; the paged pool is big enough for them.
+    Without --max-model-len, ``max_model_len`` is ``kvscope plan``'s ``--max-len`` default (2048, or the model's
+    maximum if below: ``kvscope.planning.planner.default_max_len``), so the two agree on the same inputs."""
+    max_len = config.max_model_len or default_max_len(shape.spec.max_model_len)
     per_request = max_len * shape.spec.kv_bytes_per_token
     budget = config.kv_cache_memory or kv_budget
     if config.num_blocks is not None:
@@ -205,4 +251,5 @@ def _static(config: EngineConfig, shape: SimShape, kv_budget: int | None) -> Eng
     if seqs < 1:
         raise OptionError(f"static reservation of {max_len} tokens per request does not fit even one request")
     blocks = seqs * math.ceil(max_len / config.block_size)
-    return replace(config, max_num_seqs=min(seqs, config.max_num_seqs), num_blocks=blocks, kv_cache_memory=None)
+    return replace(config, max_num_seqs=min(seqs, config.max_num_seqs), num_blocks=blocks, kv_cache_memory=None,
+                   max_model_len=max_len)

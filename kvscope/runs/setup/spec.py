@@ -47,15 +47,16 @@ class SamplingSpec:
 
 @dataclass(slots=True, frozen=True)
 class EngineSpec:
-    """The engine options a face takes (``None``: the engine's default)."""
+    """The engine options a face takes (``None``: not given, the engine's default; so a replay knows which
+    options the user typed: ``kvscope.runs.setup.simulated`` starts from the recorded run's settings)."""
 
-    block_size: int = 16
+    block_size: int | None = None
     num_blocks: int | None = None
     kv_memory: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     max_model_len: int | None = None
-    prefix_caching: bool = True
+    prefix_caching: bool | None = None
     speculative: dict[str, Any] | None = None  # the engine's speculative_config
     pd: str | None = None  # prefill/decode disaggregation ("1P1D"; kvscope.pd), None: colocated
 
@@ -125,7 +126,7 @@ class RunSpec:
             raise OptionError("give --num-blocks or --kv-memory, not both")
         if self.engine.pd is not None:
             clash = [name for name, given in (("--speculative", self.engine.speculative is not None),
-                                              ("--prefix-caching off", not self.engine.prefix_caching),
+                                              ("--prefix-caching off", self.engine.prefix_caching is False),
                                               ("--profile", self.profile_steps > 0),
                                               ("--capture-slow", self.capture_slow is not None)) if given]
             if clash:

@@ -17,20 +17,32 @@ from kvscope.runs.workload.items import WorkItem
 
 
 def replay_workload(run: Run) -> list[WorkItem]:
-    """The run's requests in arrival order; ``ValueError`` if the run did not record its prompts."""
+    """The run's requests in arrival order; ``ValueError`` naming the file, the request and the fix if the run
+    did not record its prompts, or records a request twice (a recorder names a reused id ``id#2``: two
+    ``queued`` or ``finished`` events of one id are a damaged or edited file, not two requests)."""
+    where = run.meta.get("source") or "the run"
+    again = "record the run again with `kvscope run ... --out NAME` and replay NAME.metrics.jsonl"
     queued: dict[str, Any] = {}
     outputs: dict[str, int] = {}
     for event in run.events:
+        if event.kind not in ("queued", "finished"):
+            continue
+        seen = queued if event.kind == "queued" else outputs
+        if event.request_id in seen:
+            raise ValueError(f"cannot replay {where}: request id {event.request_id!r} has two {event.kind!r} events "
+                             "(request_id must be unique: a run records a reused id as id#2); the file is damaged "
+                             f"or edited: {again}")
         if event.kind == "queued":
             queued[event.request_id] = event
-        elif event.kind == "finished":
+        else:
             outputs[event.request_id] = event.num_output_tokens
     if not queued:
-        raise ValueError("the run has no queued requests to replay")
+        raise ValueError(f"cannot replay {where}: it has no queued requests (no event of kind 'queued'): {again}")
     missing = [rid for rid, e in queued.items() if e.prompt_token_ids is None]
     if missing:
-        raise ValueError(f"the run did not record the prompts of {len(missing)} requests (e.g. {missing[0]!r}): "
-                         "record it again with this kvscope version, which keeps each prompt's token ids")
+        raise ValueError(f"cannot replay {where}: the 'queued' events of {len(missing)} requests (e.g. {missing[0]!r}) "
+                         "have no prompt_token_ids, so their prompts are unknown: record the run again with this "
+                         "kvscope version (`kvscope run ... --out NAME`), which keeps each prompt's token ids")
     t0 = min(e.t_ns for e in queued.values())
     # submitted before the first step began (the run's "all at once"): arrival 0, not a few microseconds
     # later (that would put them after the first simulated step)
