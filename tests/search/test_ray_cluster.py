@@ -27,7 +27,11 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def cluster():
+def cluster(monkeypatch):
+    # Ray turns token authentication on for a local cluster once a token exists (~/.ray/auth_token, which an
+    # embedded ray.init, as in test_executors, generates); the nodes and this driver must then agree on it. This
+    # cluster listens on 127.0.0.1 only and lives for one test: no authentication, said to every process alike.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray_or_skip()
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray_bin, "the ray command is not next to this Python"
