@@ -100,7 +100,8 @@ def _ray(problem: SearchProblem, points: Sequence[Point], workers: int | None, a
         if address:
             ray.init(address=address, **options)
         else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **options)
+            # "local": a new Ray of its own, never a cluster another process left running on this machine
+            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **options)
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(evaluate)
         shared = ray.put(problem)

@@ -100,8 +100,12 @@ def test_a_stopped_decode_instance_and_one_ctrl_c_end_the_run_with_its_files(tmp
     instance up after STOPPED_GRACE_S and kills it; Ctrl-C's aborts wait on nothing unbounded), files written."""
     proc, after = run_with_fault("stop+int", tmp_path)
     assert "SIGINT: stopping the run" in proc.stderr
-    assert proc.returncode == 1 and "requests failed" in proc.stderr and "stopped" in proc.stderr, proc.stderr
     assert (tmp_path / "run.html").exists()
-    submitted = len(kvscope.load(tmp_path / "run.metrics.jsonl").requests)  # Ctrl-C: the later ones never came
-    check_files(tmp_path, ("stopped", "no live decode instance"), submitted)
     assert after < 60
+    run = kvscope.load(tmp_path / "run.metrics.jsonl")
+    submitted = len(run.requests)  # Ctrl-C: the later ones never came
+    if proc.returncode == 130:  # the stopped instance held no request when Ctrl-C came (timing): none failed
+        assert "interrupted" in proc.stdout and (run.requests.finish_reason != "error").all(), proc.stderr
+        return
+    assert proc.returncode == 1 and "requests failed" in proc.stderr and "stopped" in proc.stderr, proc.stderr
+    check_files(tmp_path, ("stopped", "no live decode instance"), submitted)
