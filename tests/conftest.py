@@ -32,6 +32,36 @@ def pytest_sessionstart(session):
     cpu_paged.load()
 
 
+# ---- two workers (pytest-xdist, --dist loadgroup): which tests share a worker --------------------------------------
+# The tests run one intra-op thread each (above), so the CI machine's two cores take two workers. A module's tests
+# stay together (its module fixtures are made once); each notebook is its own unit; everything that starts a real
+# vLLM shares one worker (two servers at once on two cores would starve each other and their time limits), and so
+# does everything that starts Ray (`ray stop --force` ends every Ray on the machine).
+VLLM_GROUP = {"tests/watched/test_real_vllm.py", "tests/watched/test_real_pd.py", "tests/watched/test_plugin.py",
+              "tests/explain/test_real_vllm.py", "tests/sim/test_vllm_schedule.py",
+              "tests/examples/test_notebooks.py::test_notebook_runs[07_watch_vllm]",
+              "tests/examples/test_notebooks.py::test_notebook_runs[11_predict_your_vllm]"}
+RAY_GROUP = {"tests/search/test_executors.py", "tests/search/test_ray_cluster.py"}
+
+
+def xdist_group_of(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    if nodeid in VLLM_GROUP or module in VLLM_GROUP:
+        return "vllm"
+    if module in RAY_GROUP:
+        return "ray"
+    if module == "tests/examples/test_notebooks.py" and "[" in nodeid:
+        return nodeid  # one notebook
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "dist", "no") == "loadgroup" or hasattr(config, "workerinput"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
