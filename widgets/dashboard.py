@@ -12,7 +12,9 @@ Threading rules (jupyter_bokeh and ipykernel):
   and released after (one combined event per source), and each widget sends the tick's events as
   one message (``view._OneWayBokehModel``).
 - Ticks are throttled (``refresh_hz``, 5 Hz by default, 1-10 Hz from the control) and paced to
-  the browser (``transport.Pacer``: a slow browser gets fewer ticks, not a growing backlog); time
+  the browser (``transport.Pacer``: a slow browser gets fewer ticks, not a growing backlog). The update
+  thread measures its own share of the process's CPU and lowers a rate whose cost exceeds the 1%
+  telemetry budget, saying so on the status line (``cost.CostGovernor``); time
   series stream with ``rollover`` so memory stays bounded in the kernel and in the browser.
 - Figures are built once; updates are ``stream`` / ``patch`` / small property changes.
 - jupyter_bokeh sends updates as custom widget messages, which a browser drops until the widget's
@@ -38,6 +40,7 @@ would send (``transport.SerializingSink``), so the measured cost matches a live 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +48,7 @@ from bokeh.document import Document
 from bokeh.models import CustomJS
 
 from .bokehjs import ensure_bokehjs
+from .cost import CostGovernor
 from .feed import Feed, Tick
 from .panels.base import DEFAULT_ROLLOVER, Panel
 from .panels.registry import apply_tick, build_panels
@@ -78,6 +82,9 @@ class Dashboard:
         self.control = control
         self.meta = meta if meta is not None else {}  # filled in place by a live run (held, not copied)
         self.refresh_hz = refresh_hz
+        # the update thread's share of the process's CPU, and the rate it allows (cost.py)
+        self.governor = CostGovernor(refresh_hz)
+        self.cost_note: str | None = None  # the governor's words on the status line
         self.headless = headless
         self.extra_controls = extra_controls or []  # more widgets for the header (a replay's slider)
         self.stats = LatencyStats()
@@ -150,11 +157,27 @@ class Dashboard:
                     break
                 if self.pacer.may_send(self.num_ticks, self.view.models if self.view is not None else ()):
                     self.tick()
+                self._govern()
                 self._halt.wait(1.0 / self.refresh_hz)
             self.tick(final=True)
         except BaseException as exc:  # shown in the status line; never kills the kernel
             self.error = exc
             self._show_status()
+
+    def _govern(self) -> None:
+        """Update thread: read the clocks for the cost governor; a new rate and its words take effect now."""
+        with self._lock:
+            self._apply_rate(self.governor.observe(time.monotonic(), time.thread_time(), time.process_time()))
+
+    def _apply_rate(self, hz: float | None) -> None:
+        """The governor's new rate (if any) from now on, and its words on the status line."""
+        with self._lock:
+            if hz is not None:
+                self.refresh_hz = hz
+            note = self.governor.note()
+            if note != self.cost_note:
+                self.cost_note = note
+                self._show_status()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -183,7 +206,8 @@ class Dashboard:
             from .view import DashboardView
 
             with self._lock:
-                self.view = DashboardView(self.panels, self._lock, control=self.control, refresh_hz=self.refresh_hz,
+                self.view = DashboardView(self.panels, self._lock, control=self.control,
+                                          refresh_hz=self.governor.ceiling_hz,
                                           on_refresh=self.set_refresh, extra_controls=self.extra_controls,
                                           rows=self.rows)
                 self._senders = list(self.view.models)  # each awaits a view
@@ -214,6 +238,8 @@ class Dashboard:
             parts.insert(0, f"SIMULATED ({simulated.get('step_model_from') or 'step-time model'}; no model ran)")
         if self.error is not None:
             parts.append(f"dashboard error: {self.error!r}")
+        if self.cost_note:
+            parts.append(self.cost_note)
         if self.note:
             parts.append(self.note)
         return parts
@@ -230,7 +256,13 @@ class Dashboard:
             self.view.show_status(self.status_parts())
 
     def set_refresh(self, hz: float) -> None:
-        self.refresh_hz = min(max(float(hz), 0.5), 10.0)
+        """The user's rate (the control): the rate now, and the most the cost governor may raise it to."""
+        with self._lock:
+            self.refresh_hz = min(max(float(hz), 0.5), 10.0)
+            self.governor.set_ceiling(self.refresh_hz)
+            if self.cost_note is not None:
+                self.cost_note = None
+                self._show_status()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         """Each display makes a new view of every widget: the widgets hold their patches until the

@@ -17,17 +17,14 @@ from kvscope.telemetry.records import RequestEvent, StepRecord
 NS = 1e9
 
 
-def percentile(samples, q: float) -> float | None:
-    """``q``-th percentile of ``samples`` (seconds), or None when there are none."""
-    return float(np.percentile(np.fromiter(samples, dtype=float), q)) if samples else None
-
-
 class LatencyStats:
     """TTFT and ITL samples (seconds, the most recent ``max_samples`` of each) and token rates."""
 
     def __init__(self, max_samples: int = 50_000, rate_window_s: float = 2.0) -> None:
         self.ttft: deque[float] = deque(maxlen=max_samples)
         self.itl: deque[float] = deque(maxlen=max_samples)
+        self._num_added = {"ttft": 0, "itl": 0}  # samples ever added: the version of each deque
+        self._arrays: dict[str, tuple[int, np.ndarray]] = {}  # name -> (version, its samples as an array)
         self.rate_window_ns = int(rate_window_s * NS)
         self._queued_ns: dict[str, int] = {}  # only requests still waiting for their first token
         self._last_token_ns: dict[str, int] = {}  # only unfinished requests that have a token
@@ -62,6 +59,7 @@ class LatencyStats:
             queued = self._queued_ns.pop(rid, None)
             if queued is not None:
                 self.ttft.append((event.t_ns - queued) / NS)
+                self._num_added["ttft"] += 1
         elif event.kind == "preempted":
             self.num_preemptions += 1
         elif event.kind == "finished":
@@ -80,11 +78,32 @@ class LatencyStats:
             last = self._last_token_ns.get(item.request_id)
             if last is not None:
                 self.itl.append((step.t_end_ns - last) / NS)
+                self._num_added["itl"] += 1
             self._last_token_ns[item.request_id] = step.t_end_ns
         self.flush()
         self._recent.append((step.t_start_ns, step.t_end_ns, step.num_output_tokens))
         while self._recent and self._recent[0][1] < step.t_end_ns - self.rate_window_ns:
             self._recent.popleft()
+
+    def samples(self, name: str) -> np.ndarray:
+        """The ``"ttft"`` or ``"itl"`` samples (seconds) as an array, made once per change and shared by everything
+        a tick reads of them (the KPI tiles' percentiles, the histograms): up to 50,000 ITLs read out of the deque
+        by each reader, and sorted for each percentile, took ~8 ms of the update thread per tick."""
+        version = self._num_added[name]
+        cached = self._arrays.get(name)
+        if cached is None or cached[0] != version:
+            samples = self.ttft if name == "ttft" else self.itl
+            cached = (version, np.fromiter(samples, dtype=float, count=len(samples)))
+            self._arrays[name] = cached
+        return cached[1]
+
+    def percentiles(self, name: str, qs: tuple[float, ...]) -> list[float | None]:
+        """The ``qs``-th percentiles of the ``"ttft"`` or ``"itl"`` samples (seconds; None when there are none),
+        from one partition of the samples."""
+        values = self.samples(name)
+        if not len(values):
+            return [None] * len(qs)
+        return [float(v) for v in np.percentile(values, qs)]
 
     def flush(self) -> None:
         """Forget finished requests (after the record of their last step, or at the end)."""

@@ -44,27 +44,39 @@ class QueueTime:
 
 
 class _Steps:
-    """The records' start times, in order, with their reasons."""
+    """The records' start times, in order, with their reasons, and per reason the running sum of the intervals
+    from one step's start to the next's (a wait over many steps is split in a few look-ups: the live panel
+    recomputes every request's wait while a run goes on)."""
 
     def __init__(self, records: list[StepRecord]) -> None:
         real = [r for r in records if r.t_end_ns > r.t_start_ns or r.scheduled]  # not a state record
         self.starts = [r.t_start_ns for r in real]
         self.steps = [r.step for r in real]
-        self.reasons = [r.wait_reason for r in real]
+        self.reasons = [r.wait_reason or UNKNOWN for r in real]
+        # cum[reason][k]: ns of the intervals [starts[m], starts[m + 1]) with m < k given to ``reason``
+        self.cum: dict[str, list[int]] = {reason: [0] for reason in set(self.reasons)}
+        for m in range(len(real) - 1):
+            gap, own = self.starts[m + 1] - self.starts[m], self.reasons[m]
+            for reason, sums in self.cum.items():
+                sums.append(sums[-1] + (gap if reason == own else 0))
 
     def split(self, row: QueueTime, a: int, b: int, admitted_step: int | None) -> None:
-        """Add the wait ``[a, b)`` of a request admitted in ``admitted_step`` to ``row`` by reason."""
+        """Add the wait ``[a, b)`` of a request admitted in ``admitted_step`` to ``row`` by reason: the time before
+        the first step that starts in it to ``step_in_progress``, each step's time to the next step's start (the
+        last one's up to ``b``) to that step's reason, until the admitting step."""
         i = bisect_left(self.starts, a)
         first = self.starts[i] if i < len(self.starts) else b
         row.add(WAIT_STEP_IN_PROGRESS, min(first, b) - a)
         done = min(first, b)
-        while i < len(self.starts) and self.starts[i] < b:
-            if admitted_step is not None and self.steps[i] >= admitted_step:
-                break
-            end = min(self.starts[i + 1] if i + 1 < len(self.starts) else b, b)
-            row.add(self.reasons[i] or UNKNOWN, end - self.starts[i])
+        j = bisect_left(self.starts, b, lo=i)  # the steps that start before b ...
+        if admitted_step is not None:  # ... and before the admitting one (steps and starts go up together)
+            j = min(j, bisect_left(self.steps, admitted_step, lo=i))
+        if j > i:
+            for reason, sums in self.cum.items():  # whole intervals i .. j-2
+                row.add(reason, sums[j - 1] - sums[i])
+            end = min(self.starts[j] if j < len(self.starts) else b, b)
+            row.add(self.reasons[j - 1], end - self.starts[j - 1])
             done = end
-            i += 1
         row.add(WAIT_STEP_IN_PROGRESS, b - done)  # the admitting step's own schedule
 
 

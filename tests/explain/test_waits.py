@@ -91,3 +91,44 @@ def test_reasons_survive_the_files(tmp_path):
         "wait_reason" not in line or '"wait_reason": "max_num_seqs"' in line
         for line in (tmp_path / "r.metrics.jsonl").read_text().splitlines()
     )
+
+
+def _walk(records, events) -> dict[str, dict[str, float]]:
+    """Each first wait split step by step, as the split was computed before it read running sums (the reference)."""
+    real = [r for r in records if r.t_end_ns > r.t_start_ns or r.scheduled]
+    out: dict[str, dict[str, float]] = {}
+    queued = {e.request_id: e.t_ns for e in events if e.kind == "queued"}
+    for e in events:
+        if e.kind != "scheduled" or e.request_id not in queued:
+            continue
+        a, b, parts = queued.pop(e.request_id), e.t_ns, {}
+
+        def add(reason, ns, parts=parts):
+            if ns > 0:
+                parts[reason] = parts.get(reason, 0.0) + ns / 1e9
+
+        later = [k for k, r in enumerate(real) if r.t_start_ns >= a]
+        i = later[0] if later else len(real)
+        done = min(real[i].t_start_ns if i < len(real) else b, b)
+        add("step_in_progress", done - a)
+        while i < len(real) and real[i].t_start_ns < b and real[i].step < e.step:
+            end = min(real[i + 1].t_start_ns if i + 1 < len(real) else b, b)
+            add(real[i].wait_reason or "unknown", end - real[i].t_start_ns)
+            done, i = end, i + 1
+        add("step_in_progress", b - done)
+        out[e.request_id] = parts
+    return out
+
+
+def test_the_running_sums_split_as_a_walk_over_the_steps_does():
+    run = run_of([tokens(40 * i, 12 + 3 * (i % 5)) for i in range(12)], 6, num_blocks=64, max_num_seqs=3,
+                 max_num_batched_tokens=16)
+    reasons = {r.wait_reason for r in run.records if r.wait_reason}
+    assert len(reasons) >= 2, reasons  # several reasons, so the sums per reason are exercised
+    walked = _walk(run.records, run.events)
+    rows = {r.request_id: r for r in queue_times(run.records, run.events) if not r.num_preemptions}
+    assert len(rows) >= 8 and any(len(parts) >= 3 for parts in walked.values())
+    for rid, row in rows.items():
+        assert row.by_reason.keys() == walked[rid].keys()
+        for reason, seconds in walked[rid].items():
+            assert row.by_reason[reason] == pytest.approx(seconds, rel=1e-12, abs=1e-15)

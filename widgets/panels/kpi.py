@@ -17,7 +17,7 @@ import html
 from bokeh.models import ColumnDataSource, Div
 
 from ..feed import Tick
-from ..stats import LatencyStats, percentile
+from ..stats import LatencyStats
 from ..theme import FULL_WIDTH
 from .base import Panel, PanelContext
 
@@ -76,9 +76,9 @@ class KpiPanel(Panel):
             tokens_per_s=s.mean_tokens_per_s() if tick.final else s.tokens_per_s(),
             mean_tokens_per_s=s.mean_tokens_per_s(),
             finished=s.num_finished, requests=s.num_requests, preemptions=s.num_preemptions,
-            ttft_p50=percentile(s.ttft, 50), ttft_p99=percentile(s.ttft, 99),
-            itl_p50=percentile(s.itl, 50), itl_p99=percentile(s.itl, 99),
         )
+        v["ttft_p50"], v["ttft_p99"] = s.percentiles("ttft", (50, 99))
+        v["itl_p50"], v["itl_p99"] = s.percentiles("itl", (50, 99))
         self._final = tick.final  # running / waiting at a stop: the engine records the aborts (record_state)
         self.source.data = {k: [float("nan") if v[k] is None else v[k]] for k in KPI_FIELDS}
         self.div.text = self._html()

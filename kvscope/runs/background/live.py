@@ -264,6 +264,8 @@ class LiveRun(Recording):
             # the ring lost the start, the stream saw all of it (NaN as null: files hold no NaN)
             meta["summary"] = {k: None if isinstance(v, float) and v != v else v
                                for k, v in self._stream.summary().items()}
+        if self.dashboard is not None:  # what its update thread took of the run's CPU, and any lowered rate
+            meta["dashboard_cost"] = self.dashboard.governor.describe()
         self.meta.update(meta)
         self._final = Run(records, events, self.meta, profiler_events)
         if self.dashboard is not None:  # the end of a run does not hide it: a slider replays its page map
