@@ -13,6 +13,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # two cores; OpenMP threads spinning against each other made small steps 10x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
+# Many tests send SIGINT (Ctrl-C) to a kvscope they start, which inherits this process's SIGINT disposition. A
+# shell's background job (`cmd &` without job control) starts with SIGINT ignored: give Ctrl-C back its meaning.
+import signal
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Triton reads TRITON_INTERPRET when it is imported and when a kernel is defined, and transformers imports
 # triton with its attention interface: set it here, before any test module imports kvscope, so the kernel

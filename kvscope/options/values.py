@@ -63,8 +63,12 @@ def seed(text: str) -> int:
     return value
 
 
-def _shown(text: str) -> str:
-    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text):,} characters)"
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` as an error message names it: whole up to ``limit`` characters, else its start and its length."""
+    return repr(text) if len(text) <= limit else f"{text[:20]!r}... ({len(text):,} characters)"
+
+
+PATH_SHOWN_MAX = 300  # a path is named whole in an error (the user must see which one), unless absurdly long
 
 
 def _whole_number(text: str, limit: int = INT64_MAX, what: str = "") -> int:
@@ -235,7 +239,7 @@ def out_path(text: str) -> Path:
     """A file the run can write at the end: its folder exists and takes new files, and it is absent or a
     regular file (not a folder, a device such as /dev/null, a FIFO): ``kvscope.utils.files.check_output_path``."""
     try:
-        return check_output_path(text, shown=_shown(text))
+        return check_output_path(text, shown=_shown(text, PATH_SHOWN_MAX))
     except ValueError as exc:
         raise OptionError(str(exc)) from None
 

@@ -22,6 +22,7 @@ def _widget_ids(captured) -> list[str]:
 
 def test_show_without_a_run_or_dashboard_says_what_to_do(ip, monkeypatch):
     monkeypatch.setattr(HISTORY, "last", None)
+    monkeypatch.setattr(HISTORY, "runs", [])  # nor a dashboard kept from an earlier run of this kernel
     with pytest.raises(UsageError, match="no %kvscope run in this kernel yet"):
         ip.run_line_magic("kvscope", "show")
     ip.run_line_magic("kvscope", f"{SMALL} --wait -q")
