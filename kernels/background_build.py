@@ -14,12 +14,18 @@ runs shares it (``cpu_kernel_build``); across processes the build folder's lock 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+
+EXIT_WAIT_S = 300.0  # the longest a process waits at exit for a build it started
 
 
 class BackgroundBuild:
@@ -32,6 +38,18 @@ class BackgroundBuild:
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._run, args=(build,), name=f"kvscope-build-{name}", daemon=True)
         self._thread.start()
+        atexit.register(self._finish_at_exit)
+
+    def _finish_at_exit(self) -> None:
+        """A process that ends while the build runs (a short ``kvscope demo``) waits for it, up to
+        ``EXIT_WAIT_S``: cut off, the compiler would be left behind holding the build folder's lock, and every
+        later run would start the build again and never finish it. Ctrl-C skips the wait."""
+        if self._result is not None:
+            return
+        print(f"kvscope: finishing the {self.name} kernel's build ({time.monotonic() - self._start:.0f} s so far) so "
+              "that the next run starts on it; Ctrl-C skips", file=sys.stderr, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            self._thread.join(EXIT_WAIT_S)
 
     def _run(self, build: Callable[[], bool]) -> None:
         try:

@@ -44,15 +44,19 @@ Hello world! What is the capital of France? Paris is the capital of France. 0123
 
 
 @contextlib.contextmanager
-def _quiet_progress_bars():
+def _quiet_progress_bars(converting: str | None = None):
     """transformers draws two progress bars per GGUF load (a plain tqdm one for dequantizing, its own for
-    loading weights); silence both, and restore them."""
+    loading weights); silence both, and restore them. ``converting``: keep the dequantizing bar, under that label
+    (the one-time conversion of ``gguf_cache``, half a minute: the user sees it move)."""
     from tqdm.auto import tqdm
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     saved, bars_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
-    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+    if converting is None:
+        gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+    else:
+        gguf_utils.tqdm = functools.partial(tqdm, desc=converting, unit="tensor", leave=False)
     hf_logging.disable_progress_bar()
     try:
         yield
@@ -181,13 +185,14 @@ def _load_smollm2(path: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]
     from kvscope.models.gguf_cache import converted_folder, save_converted, usable
 
     folder = converted_folder(path)
-    with _quiet_progress_bars():  # transformers' GGUF dequantization bars would fill notebooks
-        if usable(folder):
+    if usable(folder):
+        with _quiet_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
-            return model, tokenizer
-        print("kvscope: converting SmolLM2's GGUF file (once: later runs load the converted model in seconds)",
-              file=sys.stderr)
+        return model, tokenizer
+    print("kvscope: converting SmolLM2's GGUF file (once: later runs load the converted model in seconds)",
+          file=sys.stderr, flush=True)
+    with _quiet_progress_bars(converting="kvscope: converting SmolLM2 (once)"):
         kwargs = dict(gguf_file=path.name, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)

@@ -127,3 +127,25 @@ def test_no_switch_while_a_profiler_wraps_the_kernels(cold):
     restore()
     _generate(engine, [[5, 6, 7]], 3)
     assert engine.runner.backend.name == "cpu"
+
+
+def test_a_process_that_ends_during_the_build_finishes_it_first(tmp_path):
+    """A short run (a demo) ends while the kernel builds: the process waits for the build at exit and says so,
+    rather than leaving the compiler behind with the build folder locked (the next run would build again)."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "built"
+    script = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from kvscope.kernels import background_build\n"
+        f"def slow():\n    time.sleep(2)\n    Path({str(done)!r}).write_text('ok')\n    return True\n"
+        "background_build.set_builder(slow)\n"
+        "background_build.cpu_kernel_build()\n"
+        "print('run over')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "run over" in out.stdout, out.stderr
+    assert "finishing the cpu kernel's build" in out.stderr and "Ctrl-C skips" in out.stderr
+    assert done.read_text() == "ok"

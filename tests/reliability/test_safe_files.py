@@ -35,6 +35,8 @@ ALLOWED = {
     ("kvscope/watched/vllm_demo.py", "serve_for_demo"): "the demo's private work folder (mkdtemp)",
     ("kernels/cpu_build.py", "build_once"): "the C++ kernel's build lock file and key.json, in its own build folder "
                                             "(kernels is a leaf layer: it cannot reach kvscope.utils)",
+    ("kvscope/models/gguf_cache.py", "save_converted"): "a converted model folder, written whole under a private "
+                                                       "temporary name (mkdtemp, its marker last), then renamed",
     ("kvscope/cli/calibrate.py", "cmd_calibrate"): "LinearStepModel.save, which writes through atomic_write",
 }
 PATH_WRITERS = {"write_text", "write_bytes", "mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile",
