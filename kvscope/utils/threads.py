@@ -11,7 +11,8 @@ starts, and torch's libgomp starts when torch is imported: it can only be chosen
 - torch is not imported yet (``import torch`` before ``import kvscope``: the runtime's own default stays, said so),
   nor vLLM (kvscope's stat-logger plugin inside a watched server changes nothing of the server's).
 
-What it chooses: on a machine whose load average is already at least its usable cores, ``PASSIVE`` (an idle
+What it chooses: on a machine whose load average is already at least its usable cores, and where other work keeps
+at least half of them busy now (a 0.1 s ``/proc/stat`` sample: the load average lags by minutes), ``PASSIVE`` (an idle
 thread sleeps at once: a spinning one would take the core that a descheduled peer, or another process, needs);
 otherwise nothing, i.e. libgomp's default (spin ~300k iterations, then sleep), which is best on a quiet machine,
 where a wake-up per op (~40 us on a 2-core VM) made passive waits slower. Once the engine runs, the thread count
@@ -30,16 +31,18 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.utils.cpu_load import usable_cores
+from kvscope.utils.cpu_load import allowed_cpus, others_busy, sample, usable_cores
 
 POLICY_ENV = "KVSCOPE_THREAD_POLICY"  # "adaptive" (the default) or "fixed" (kvscope changes no thread setting)
 POLICIES = ("adaptive", "fixed")
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's own default reads these, in this order
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 CPU_SYS = Path("/sys/devices/system/cpu")
+BUSY_NOW = 0.5  # share of the usable cores that other work must keep busy now for the machine to count as loaded
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,9 +70,19 @@ def policy_mode() -> str:
     return value
 
 
-def prepare_openmp(load_average: float | None = None) -> WaitChoice:
+def others_now(window_s: float = 0.1) -> float | None:
+    """Cores other processes keep busy over the next ``window_s`` (``/proc/stat``), or None where unreadable."""
+    cpus = allowed_cpus()
+    start = sample(cpus)
+    time.sleep(window_s)
+    return others_busy(start, sample(cpus))
+
+
+def prepare_openmp(load_average: float | None = None, others_busy_now: float | None = None) -> WaitChoice:
     """Choose OpenMP's wait policy if nobody has (see the module doc); once per process, at ``import kvscope``.
-    ``load_average``: the 1-minute load to judge by (default: ``os.getloadavg()``)."""
+    ``load_average``: the 1-minute load to judge by (default: ``os.getloadavg()``). A load average that says loaded
+    is checked against the present (``others_busy_now``, default: a 0.1 s ``/proc/stat`` sample): it lags by
+    minutes, and a machine whose other work just ended is quiet."""
     global _wait
     if _wait is not None:
         return _wait
@@ -89,10 +102,15 @@ def prepare_openmp(load_average: float | None = None) -> WaitChoice:
             load = os.getloadavg()[0] if load_average is None else load_average
         except OSError:
             load = 0.0
-        if load >= cores:
+        now = (others_now() if others_busy_now is None else others_busy_now) if load >= cores else None
+        if load >= cores and (now is None or now >= BUSY_NOW * cores):
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
             _wait = WaitChoice("PASSIVE", "kvscope", f"load average {load:.2f} >= {cores:g} usable cores at import: "
                                "idle OpenMP threads sleep at once rather than spin")
+        elif load >= cores:  # the 1-minute average still counts work that has ended
+            _wait = WaitChoice("default", "kvscope", f"load average {load:.2f} >= {cores:g} usable cores, but other "
+                               f"work keeps only {now:.2f} of them busy now: libgomp's default (spin briefly, then "
+                               "sleep)")
         else:
             _wait = WaitChoice("default", "kvscope", f"load average {load:.2f} < {cores:g} usable cores at import: "
                                "libgomp's default (spin briefly, then sleep)")

@@ -103,9 +103,25 @@ def test_the_wait_choice_follows_the_load(monkeypatch: pytest.MonkeyPatch) -> No
     quiet = settings.prepare_openmp(load_average=0.3)
     assert (quiet.policy, quiet.source) == ("default", "kvscope") and "OMP_WAIT_POLICY" not in os.environ
     monkeypatch.setattr(settings, "_wait", None)
-    busy = settings.prepare_openmp(load_average=3.1)
+    busy = settings.prepare_openmp(load_average=3.1, others_busy_now=1.9)
     assert (busy.policy, busy.source) == ("PASSIVE", "kvscope") and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "3.10 >= 2 usable cores" in busy.reason
+
+
+def test_a_load_average_left_by_work_that_ended_is_not_a_loaded_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 1-minute load average lags: right after a test suite or a build it says loaded while the cores are free.
+    The present decides (a 0.1 s /proc/stat sample): spinning waits, which a quiet machine runs fastest with."""
+    for name in CLEAN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(settings, "usable_cores", lambda: 2.0)
+    monkeypatch.setattr(settings, "_wait", None)
+    choice = settings.prepare_openmp(load_average=2.3, others_busy_now=0.1)
+    assert (choice.policy, choice.source) == ("default", "kvscope") and "OMP_WAIT_POLICY" not in os.environ
+    assert "only 0.10 of them busy now" in choice.reason
+    monkeypatch.setattr(settings, "_wait", None)
+    now = settings.others_now(0.2)  # the real sample: a figure of cores, never negative
+    assert now is None or 0.0 <= now <= 2.0 + os.cpu_count()
 
 
 def test_a_bad_policy_name_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
