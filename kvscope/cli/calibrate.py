@@ -25,6 +25,8 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from kvscope.runs.background.watched_schedule import calibration_steps
     from kvscope.runs.result.run import load
+    from kvscope.sim.admission import MIN_IDLE_ARRIVALS
+    from kvscope.sim.admission import measure as measure_admission
     from kvscope.sim.calibrate import describe_fit, fit_step_model
 
     output = check_output(str(args.output), "step model", "-o", inputs=[Path(args.run)], label="the run")
@@ -46,6 +48,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     if alignment is not None:
         model.fit["alignment"] = alignment
+    delay = measure_admission(run.requests)  # before a request's first step at an idle engine
+    model.admission_s = delay.seconds if delay is not None else 0.0
+    model.fit["admission"] = delay.to_json() if delay is not None else {
+        "admission_s": 0.0, "note": f"fewer than {MIN_IDLE_ARRIVALS} requests arrived at an idle engine: not measured"}
     path = model.save(output)
     if not args.quiet:
         print(describe_fit(model, str(args.run), str(output)) + (f"\n{note}" if note else ""))

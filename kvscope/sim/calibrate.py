@@ -176,6 +176,10 @@ def describe_fit(model: LinearStepModel, run: str | None = None, output: str | N
     lines.append(f"held-out steps ({fit.get('held_out_steps', 0)}): median error "
                  f"{num('held_out_median_abs_error'):.1%}, p90 {num('held_out_p90_abs_error'):.1%}, "
                  f"total {num('held_out_total_error'):+.1%}" + (f" ({noise_text})" if noise_text else ""))
+    admission = fit.get("admission")
+    if isinstance(admission, dict) and admission.get("idle_arrivals"):
+        lines.append(f"admission: {model.admission_s * 1e3:.2f} ms from arrival to the first schedule at an idle "
+                     f"engine (median of {admission['idle_arrivals']} requests)")
     if fit.get("untimed_steps"):
         lines.append(f"left out: {fit['untimed_steps']} steps of no length (they cannot be timed)")
     if run is not None and output is not None:

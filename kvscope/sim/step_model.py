@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from kvscope.sim.admission import MAX_ADMISSION_S
 from kvscope.telemetry.step_features import FEATURE_NAMES, PHASES, StepFeatures, phase_of
 
 # Bounds of a step model (docs/reliability.md): a file from ``kvscope calibrate`` is a few KB, and its values are
@@ -113,6 +114,7 @@ class LinearStepModel:
     fit: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the run it was fitted on
     seed: int = 0
+    admission_s: float = 0.0  # before a request's first step at an idle engine (kvscope.sim.admission)
     name: str = "fitted"
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
@@ -132,7 +134,8 @@ class LinearStepModel:
     def describe(self) -> dict[str, Any]:
         phases = {k: {"intercept_s": p.intercept_s, "coef": p.coef, "ratio_quantiles": p.ratio_quantiles}
                   for k, p in self.phases.items()}
-        return {"kind": "linear", "phases": phases, "fit": self.fit, "source": self.source, "seed": self.seed}
+        return {"kind": "linear", "phases": phases, "fit": self.fit, "source": self.source, "seed": self.seed,
+                "admission_s": self.admission_s}
 
     def save(self, path: str | os.PathLike) -> Path:
         from kvscope.utils.files import atomic_write
@@ -205,7 +208,8 @@ def _parse(data: dict[str, Any]) -> LinearStepModel:
         raise ValueError(f"source is a {type(source).__name__}: it must be a string")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
         raise ValueError(f"seed={str(seed)[:40]} must be an integer from 0 to 2**64 - 1")
-    return LinearStepModel(fits, fit, source[:1000], seed)
+    admission = check_number("admission_s", data.get("admission_s", 0.0), MAX_ADMISSION_S)  # older files: 0
+    return LinearStepModel(fits, fit, source[:1000], seed, admission)
 
 
 def _check_moves(name: str, phase: PhaseFit) -> None:

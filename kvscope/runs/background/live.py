@@ -77,13 +77,14 @@ class LiveRun(Recording):
         dashboard_options: dict[str, Any] | None = None,
         keep_outputs: bool = True,
         total_requests: int | None = None,
+        admission_s: float = 0.0,
     ) -> None:
         super().__init__(outputs or Outputs())
         self._make_engine = make_engine
         self._workload = workload
         # the items as their arrival times come, and the requests made of them; False: finished requests are
         # let go (a simulation of 10**6 requests)
-        self._submitter = Submitter(keep_outputs)
+        self._submitter = Submitter(keep_outputs, admission_s)  # admission_s: a simulated front end's delay
         if not callable(workload) and isinstance(workload, Sequence):
             self._submitter.workload = list(workload)
         self.total_requests = total_requests  # a lazy workload's length, if known (a list's is its own)

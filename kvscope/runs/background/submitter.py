@@ -5,6 +5,9 @@ from ``start``, on the engine's clock) has come becomes a request. A prompt the 
 request finished with status ``error`` naming the item; the others run. A lazy workload (an iterator: a
 simulation of 10**6 requests) is read one item ahead, and with ``keep_outputs=False`` finished requests are let go,
 so memory stays bounded at any length.
+
+A simulation of a server whose front end delays each request (``kvscope.sim.admission``) submits each item
+``admission_s`` after its arrival time and keeps that arrival time on the request, so its TTFT counts the delay.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ KEEP_FINISHED = 4096  # with keep_outputs=False: finished requests kept past twi
 class Submitter:
     """The items of a run's workload not yet submitted, and the requests made of those that were."""
 
-    __slots__ = ("_next", "_pending", "keep_outputs", "num_submitted", "requests", "t0_ns", "workload")
+    __slots__ = ("_next", "_pending", "admission_ns", "keep_outputs", "num_submitted", "requests", "t0_ns",
+                 "workload")
 
-    def __init__(self, keep_outputs: bool = True) -> None:
+    def __init__(self, keep_outputs: bool = True, admission_s: float = 0.0) -> None:
         self.workload: list[WorkItem] = []  # the whole workload, once known as a list (empty for a lazy one)
         self.keep_outputs = keep_outputs
         self.requests: list[Request] = []  # one per submitted item, in workload order (see keep_outputs)
         self.num_submitted = 0
         self.t0_ns = 0  # arrival times count from here
+        self.admission_ns = round(admission_s * 1e9)  # from an item's arrival to its submission (the module doc)
         self._pending: Iterator[WorkItem] = iter(())
         self._next: WorkItem | None = None  # the next item to submit, when its arrival time comes
 
@@ -46,13 +51,14 @@ class Submitter:
     def next_arrival_ns(self) -> int | None:
         """When the next item arrives (``None``: every item was submitted)."""
         item = self._next
-        return None if item is None else self.t0_ns + round(item.arrival_s * 1e9)
+        return None if item is None else self.t0_ns + round(item.arrival_s * 1e9) + self.admission_ns
 
     def submit_due(self, engine: EngineClient) -> None:
         """Add the items whose arrival time has come. A prompt the engine refuses (empty, too long, outside
         the vocabulary) fails alone, as a request finished with status ``error`` naming it; the others run."""
         now = engine.clock.now_ns()
-        while self._next is not None and (due := self.t0_ns + round(self._next.arrival_s * 1e9)) <= now:
+        late = self.admission_ns
+        while self._next is not None and (due := self.t0_ns + round(self._next.arrival_s * 1e9)) + late <= now:
             item, self._next = self._next, next(self._pending, None)
             self.num_submitted += 1
             try:
@@ -62,7 +68,7 @@ class Submitter:
                 where = item.source or f"request {self.num_submitted}{total}"
                 self.requests.append(engine.reject(item.prompt, item.params, f"{where}: {exc}"))
                 continue
-            if item.arrival_s:  # it arrived at its time, maybe during the step that just ended
+            if item.arrival_s or late:  # it arrived at its time, maybe during the step that just ended
                 request.arrival_time = due / 1e9
             shown = item.shown if item.shown is not None else item.prompt
             if (item.shown is not None or item.chat) and isinstance(shown, str):

@@ -16,6 +16,7 @@ from kvscope.runs.background.live import LiveRun
 from kvscope.runs.result.run import Run
 from kvscope.runs.setup.simulated import SimSpec, prepare_simulation
 from kvscope.runs.setup.spec import RunSpec
+from kvscope.sim.admission import measure as measure_admission
 from kvscope.sim.align import MIN_MATCHED, Alignment, RecordedPace, align_steps, recorded_periods, with_periods
 from kvscope.sim.build import VLLM_CPU_DEFAULTS, with_engine_rules
 
@@ -29,6 +30,10 @@ def replayed_schedule(run: Run, path: str, model: str) -> Run:
     # the server's own step times, in order (kvscope.sim.align.RecordedPace); the counts' fit past them
     setup.step_model = RecordedPace(recorded_periods(run.records), setup.step_model)
     setup.config = with_engine_rules(setup.config, "vllm", set(VLLM_CPU_DEFAULTS))
+    delay = measure_admission(run.requests)  # the server's own delay, so arrivals fall between the same steps
+    setup.admission_s = delay.seconds if delay is not None else 0.0
+    # every step's batch, not the last window's: the alignment pairs them from the first (MAX_SIM_S bounds them)
+    setup.window_steps = max(setup.window_steps, 2 * len(run.records) + 64)
     live = LiveRun(setup.make_engine, setup.workload, **setup.run_options(), dashboard=False)
     try:
         live.start().wait(MAX_SIM_S)

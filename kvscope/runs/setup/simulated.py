@@ -41,11 +41,12 @@ from kvscope.runs.setup.spec import RunSpec
 from kvscope.runs.setup.watched_replay import for_replay
 from kvscope.runs.workload.items import WorkItem, iter_arrival_times, parse_arrival, with_arrivals
 from kvscope.runs.workload.recorded import replay_workload
-from kvscope.sim.build import VLLM_CPU_DEFAULTS, pool_blocks, simulated_engine, with_engine_rules
+from kvscope.sim.admission import measure as measure_admission
+from kvscope.sim.build import VLLM_CPU_DEFAULTS, WINDOW_STEPS, pool_blocks, simulated_engine, with_engine_rules
 from kvscope.sim.calibrate import fit_step_model
 from kvscope.sim.roofline import RooflineModel
 from kvscope.sim.shape import SimShape, resolve_shape, shape_of_run
-from kvscope.sim.step_model import StepTimeModel, load_step_model
+from kvscope.sim.step_model import LinearStepModel, StepTimeModel, load_step_model
 from kvscope.utils.clock import VirtualClock
 
 if TYPE_CHECKING:
@@ -78,24 +79,30 @@ class SimSetup(RunSetup):
     sim_meta: dict[str, Any] | None = None
     acceptance_rate: float | None = None
     link: SimLink | None = None  # --pd: the transfer between instances
+    admission_s: float = 0.0  # each request is submitted this long after it arrives (kvscope.sim.admission)
+    window_steps: int = WINDOW_STEPS  # the steps whose records are kept (all of them: a replay to align with)
 
     def run_options(self) -> dict[str, Any]:
         """``RunSetup.run_options``; past ``LAZY_ABOVE`` requests finished ones are let go (bounded memory)."""
         many = (self.spec.workload.requests or 0) > LAZY_ABOVE
-        return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests}
+        return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests,
+                "admission_s": self.admission_s}
 
     def make_engine(self) -> EngineClient:
         if self.spec.engine.pd is not None:  # instances on one virtual clock (kvscope.pd.sim_engine)
             return SimPDEngine(self._instance, self.spec.engine.pd, self.link, arrivals_s=self._arrivals())
         return simulated_engine(self.shape, self.config, self.step_model, kv_budget=self.kv_budget,
-                                meta=self.sim_meta, acceptance_rate=self.acceptance_rate)
+                                meta=self.sim_meta, acceptance_rate=self.acceptance_rate,
+                                window_steps=self.window_steps)
 
     def _arrivals(self) -> Iterable[float]:
-        """The workload's arrival times (seconds from the start), as ``LiveRun`` will submit them."""
+        """When ``LiveRun`` will submit the workload's items (seconds from the start): arrival + admission."""
+        late = self.admission_s
         if isinstance(self.workload, list):
-            return sorted(item.arrival_s for item in self.workload)
+            return sorted(item.arrival_s + late for item in self.workload)
         w = self.spec.workload  # synthetic requests, made when the engine exists: the same times as theirs
-        return iter_arrival_times(w.rate, parse_arrival(w.arrival), self.spec.sampling.seed) if w.rate else ()
+        times = iter_arrival_times(w.rate, parse_arrival(w.arrival), self.spec.sampling.seed) if w.rate else ()
+        return (t + late for t in times) if late else times
 
     def _instance(self, name: str, clock: VirtualClock) -> Engine:
         """One instance of a simulated P/D engine: its own pool (a GPU's budget each) on the shared clock."""
@@ -154,8 +161,9 @@ def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
         raise OptionError(str(exc)) from None
     params = sampling_params(spec.sampling)
     items = _replayed(recorded, spec) if recorded is not None else workload(spec, params)
+    admission = step_model.admission_s if isinstance(step_model, LinearStepModel) else 0.0
     meta: dict[str, Any] = {"step_model_from": how, "replay_of": sim.replay, "static_reservation": sim.static,
-                            "gpu": sim.gpu}
+                            "gpu": sim.gpu, "admission_s": admission}
     if recorded is not None and replay is not None:
         try:
             replay.finish(config, pool_blocks(config, shape, kv_budget))
@@ -164,7 +172,8 @@ def prepare_simulation(spec: RunSpec, sim: SimSpec) -> SimSetup:
         meta["replay"] = {"run": run_identity(recorded.meta, recorded.events, str(sim.replay)), **replay.to_json()}
         notes = replay.notes() + list(recorded.meta.get("replay_notes", [])) + notes
     return SimSetup(shape.name, config, params, items, spec, notes, shape=shape, step_model=step_model,
-                    kv_budget=kv_budget, sim_meta=meta, acceptance_rate=sim.acceptance_rate, link=link)
+                    kv_budget=kv_budget, sim_meta=meta, acceptance_rate=sim.acceptance_rate, link=link,
+                    admission_s=admission)
 
 
 def _engine_rules(config: EngineConfig, engine: str, spec: RunSpec, replay: bool) -> EngineConfig:
@@ -229,8 +238,10 @@ def _step_model(sim: SimSpec, shape: SimShape, recorded: Run | None) -> tuple[St
                               s.kv_bytes_per_token)
         return model, f"roofline: {model.gpu.name}"
     if recorded is not None:  # calibrated on the run it replays
-        return fit_step_model(recorded.records, int(recorded.meta["block_size"]), str(sim.replay)), \
-            "fitted on the replayed run itself"
+        fitted = fit_step_model(recorded.records, int(recorded.meta["block_size"]), str(sim.replay))
+        delay = measure_admission(recorded.requests)
+        fitted.admission_s = delay.seconds if delay is not None else 0.0
+        return fitted, "fitted on the replayed run itself"
     raise ValueError("a simulation needs a step-time model: --step-model FILE (from `kvscope calibrate RUN -o FILE`) "
                      "or --gpu NAME (a roofline from the GPU's data sheet)")
 
