@@ -34,8 +34,23 @@ def test_requests_that_overtook_each_other_are_matched_by_length_within_the_wind
     got = match_prompts(events, prompts(5, 7, 9))
     assert ids(events) == [2, 0, 1] and got.reordered == 2  # the 9 ahead of its place, the 5 behind
     far = queued(9, 5)
-    got = match_prompts(far, prompts(5, 6, 7, 9), window=2)  # the 9 is beyond the window: not matched
-    assert ids(far) == [None, 0] and got.unmatched == 1
+    got = match_prompts(far, prompts(5, 6, 7, 9), window=2)  # the 9 is beyond the window: the nearest 9 anywhere
+    assert ids(far) == [3, 0] and (got.far, got.unmatched) == (2, 0)  # the 5 then too: the cursor passed it
+
+
+def test_requests_sent_all_at_once_that_arrive_in_any_order_are_all_matched():
+    """64 prompts sent at once reach the server shuffled (vllm bench serve at an infinite rate): every request
+    gets a prompt of its own length, each prompt given once."""
+    import random
+
+    lengths = [32 + i % 7 for i in range(64)]
+    order = list(range(64))
+    random.Random(0).shuffle(order)
+    events = queued(*(lengths[i] for i in order))
+    got = match_prompts(events, prompts(*lengths))
+    assert (got.matched, got.unmatched, got.prompts_unused) == (64, 0, 0) and got.far > 0
+    given = ids(events)
+    assert sorted(given) == list(range(64)) and all(lengths[g] == lengths[i] for g, i in zip(given, order))
 
 
 def test_a_request_that_never_came_does_not_shift_the_rest():
