@@ -94,17 +94,26 @@ def cmd_speedup(args: argparse.Namespace) -> None:
 
 def cmd_real(args: argparse.Namespace) -> None:
     """Calibrate on one smollm2 run, search, then run the real engine at the best and two rejected."""
+    import torch
+
     from kvscope.runs.background.live import LiveRun
     from kvscope.runs.setup.prepare import prepare
     from kvscope.sim.calibrate import fit_step_model
 
+    if args.threads:  # fixed for every run: the thread policy would change them as the load changes, and a step
+        torch.set_num_threads(args.threads)  # model fitted across those changes mispredicts both
     work = Path(tempfile.mkdtemp(prefix="kvscope-search-"))
     workload = WorkloadSpec(requests=args.requests, prompt_len=(64, 256), output_len=(16, 64))
     spec = RunSpec(model=args.model, workload=workload)
-    setup = prepare(replace(spec, workload=replace(workload, requests=48)))
+    # calibrated at a bursty rate, so that its batches range from one request to many (an all-at-once run only has
+    # full batches, and the line fitted on them mispredicts the small ones a rate makes); another seed than the
+    # checked runs' requests
+    calib = replace(workload, requests=args.calibrate_requests, rate=args.calibrate_rate, arrival="gamma:2")
+    setup = prepare(replace(spec, workload=calib).with_option("seed", 1))
     run = LiveRun(setup.make_engine, setup.workload, **setup.run_options()).start().wait().run
     step = work / "step.json"
     fit_step_model(run.records, setup.config.block_size, "calibration").save(step)
+    print(f"calibrated on {args.calibrate_requests} requests at {args.calibrate_rate} req/s (gamma, CV 2); {load()}")
     slo = SLO.parse(args.slo)
     problem = SearchProblem(spec, SimSpec(step_model=str(step)), slo, Bisection(start=0.5, steps=4))
     space = SearchSpace.parse(args.space)
@@ -127,7 +136,9 @@ def cmd_real(args: argparse.Namespace) -> None:
         verdict = _judge(live, slo, args.requests)
         predicted = "meets" if o is chosen else "misses"
         got = "meets" if verdict.ok else f"misses ({verdict.broke})"
-        print(f"  {o.point.label():<40} predicted {predicted}, real {got}: {verdict.percentiles}")
+        said = (f"predicted at this rate {o.percentiles}" if o is chosen else
+                f"predicted goodput {o.goodput:.3g} req/s, {o.broke} broke first at {o.broke_at:.3g} req/s")
+        print(f"  {o.point.label():<40} predicted {predicted}, real {got}: {verdict.percentiles}; {said}; {load()}")
 
 
 def _judge(result, slo: SLO, total: int):
@@ -165,6 +176,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--slo", default="ttft_p90=2,itl_p90=0.2")
     p.add_argument("--space", default="block_size=16,32 max_num_seqs=4,16 max_num_batched_tokens=256,1024")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for every run (0: the adaptive policy)")
+    p.add_argument("--calibrate-requests", type=int, default=64)
+    p.add_argument("--calibrate-rate", type=float, default=1.5)
     args = parser.parse_args()
     {"scale": cmd_scale, "speedup": cmd_speedup, "real": cmd_real}[args.what](args)
 

@@ -5,6 +5,7 @@ best configuration as a ``vllm serve`` command."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kvscope.cli.command import Command
@@ -49,6 +50,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     page = check_output(args.output, "page", "-o") if args.output else None
     if csv is not None and page is not None:
         different(page, csv)
+    if page is None and args.reports != "front":
+        raise CLIError(f"--reports {args.reports} chooses the run reports the page links: give -o PAGE.html too")
     from kvscope.runs.setup.simulated import SimSpec  # here: it brings torch
     from kvscope.search.executors import RayMissing
     from kvscope.search.session import prepare_search
@@ -80,11 +83,18 @@ def cmd_search(args: argparse.Namespace) -> int:
     if csv is not None:
         result.csv(csv)
     if page is not None:
-        result.save_html(page)
+        if args.reports != "none" and not args.quiet:
+            print(f"simulating the {'configurations with a goodput' if args.reports == 'all' else 'front and the best'}"
+                  " again at their goodput, with telemetry, for the page's run reports", file=sys.stderr)
+        result.save_html(page, args.reports)
     if not args.quiet:
         _print_table(result.outcomes, slo, result.best)
-    print(f"{n} configurations in {result.elapsed_s:.1f} s" + "".join(f"; wrote {p}" for p in (csv, page) if p),
-          file=sys.stderr)
+    wrote = "".join(f"; wrote {p}" for p in (csv, page) if p)
+    if page is not None and args.reports != "none":
+        from kvscope.search.reports import runs_folder
+
+        wrote += f" (its run reports in {runs_folder(page)}{os.sep})"
+    print(f"{n} configurations in {result.elapsed_s:.1f} s{wrote}", file=sys.stderr)
     chosen = result.best
     if chosen is None:
         print("no configuration met the SLO at the lowest rate tried", file=sys.stderr)

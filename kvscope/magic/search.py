@@ -1,7 +1,8 @@
 """``%kvscope search ...``: ``kvscope search`` in a notebook. The line takes the same options (``--space``, ``--slo``,
 the workload, ``--gpu`` / ``--step-model``, ``--ray [ADDRESS]``, ``--workers``) plus ``--csv PATH`` and
-``--html PATH``; a progress bar fills in as configurations finish, and the value is a ``SearchResult`` (its table
-shows as HTML; ``.table()`` a DataFrame, ``.serve_line()``, ``.save_html(path)``)."""
+``--html PATH`` (its run reports in ``PATH.runs/``: ``--reports front|all|none``); a progress bar fills in as
+configurations finish, and the value is a ``SearchResult`` (its table shows as HTML; ``.table()`` a DataFrame,
+``.serve_line()``, ``.save_html(path)``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def magic_search(line: str, cell: str | None = None) -> SearchResult | None:
     given = [f for f in refused_run_options(args) if f != "--html"]
     if given:
         raise UsageError(f"%kvscope search sets the rate itself: leave out {', '.join(given)}")
+    if args.reports != "front" and not args.html:
+        raise UsageError(f"--reports {args.reports} chooses the run reports the page links: give --html PAGE.html too")
     try:
         search = prepare_search(args, RunSpec.from_args(args, outputs=OutputSpec()), SimSpec(**simulate_fields(args)))
     except (ValueError, OptionError) as exc:
@@ -61,5 +64,5 @@ def magic_search(line: str, cell: str | None = None) -> SearchResult | None:
     if args.csv:
         result.csv(args.csv)
     if args.html:
-        result.save_html(args.html)
+        result.save_html(args.html, args.reports)
     return result

@@ -25,6 +25,10 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--rate-start", type=float, default=1.0, metavar="RPS", help="the bisection's first rate (1)")
     s.add_argument("--rate-max", type=float, default=4096.0, metavar="RPS", help="highest rate tried (4096)")
     s.add_argument("--bisect-steps", type=int, default=6, metavar="N", help="bisections after the bracket (6)")
+    s.add_argument("--reports", choices=("front", "all", "none"), default="front",
+                   help="with the page: which configurations get a simulated run report (HTML, metrics, trace) in "
+                        "PAGE.runs/, linked from their points and rows: the Pareto front and the best (default, at "
+                        "most 32), all with a goodput, or none")
     x = parser.add_argument_group("execution")
     x.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the simulations as Ray tasks: a local Ray (every core) or the cluster at ADDRESS "

@@ -67,11 +67,23 @@ class SearchResult:
 
         return pd.read_csv(io.StringIO(self.csv()), keep_default_na=False)
 
-    def save_html(self, path: str | Path) -> Path:
-        from kvscope.search.page import save_page
+    def save_html(self, path: str | Path, reports: str = "front") -> Path:
+        """The Pareto page at ``path``; ``reports`` (``kvscope.search.reports.REPORTS``): which configurations are
+        simulated again at their goodput with telemetry on, their run reports written into ``<page>.runs/`` and
+        linked from their points and rows (``front``: the front and the best; ``all``; ``none``)."""
+        from kvscope.search.page import front, save_page
+        from kvscope.search.reports import chosen_for_reports, runs_folder, write_reports
 
         s = self.search
-        return save_page(path, self.outcomes, s.space.names, s.problem.slo, self.best, self.model)
+        picked, rule = chosen_for_reports(self.outcomes, front(self.outcomes, s.problem.slo), self.best, reports)
+        links: dict[int, Path] = {}
+        unlinked: dict[int, str] = {}
+        if picked:
+            written = write_reports(s.problem, picked, runs_folder(path), rule)
+            links = {i: files["html"] for i, files in written.files.items() if "html" in files}
+            unlinked = written.errors
+        return save_page(path, self.outcomes, s.space.names, s.problem.slo, self.best, self.model, links=links,
+                         note=rule, unlinked=unlinked)
 
     def serve_line(self) -> str | None:
         return serve_line(self.model, self.best) if self.best is not None else None

@@ -29,6 +29,9 @@ def test_search_writes_the_table_the_page_and_the_serve_line(tmp_path, capsys):
     assert ("--data-parallel-size 2" in line) == (chosen[0]["replicas"] == "2")
     text = page.read_text()
     assert "Pareto front" in text and "https://cdn.bokeh.org" not in text and "Bokeh" in text
+    reports = sorted(p.name for p in (tmp_path / "s.runs").glob("*.html"))  # the front's and the best's runs
+    best_name = f"{[r['best'] for r in rows].index('1'):04d}_"
+    assert any(n.startswith(best_name) for n in reports) and all(f"s.runs/{n}" in text for n in reports)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -37,6 +40,7 @@ def test_search_writes_the_table_the_page_and_the_serve_line(tmp_path, capsys):
     (["--rate", "5"], "leave out --rate"),
     (["--goodput-fraction", "2"], "goodput-fraction"),
     (["--router", "random"], "known policies"),
+    (["--reports", "all"], "give -o PAGE.html too"),
 ])
 def test_bad_input_is_refused_before_any_work(extra, message, capsys):
     assert main([*ARGS, *extra]) == 2
