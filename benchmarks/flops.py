@@ -12,6 +12,9 @@
 ``gemm_peak(threads)``: the best fp32 ``torch.mm`` rate of square matrices (1024, 1536) at ``threads`` intra-op
 threads, best of a few repeats (and the best per CPU-second): the rate this CPU's BLAS reaches on large GEMMs,
 which a run's smaller ones can approach but not pass.
+
+Where a run's time goes beyond its FLOPs at that peak (GEMM efficiency, attention, elementwise ops, copies, sampling,
+Python), and the GEMM rate at the run's own shapes: ``benchmarks/flop_gap.py``.
 """
 
 from __future__ import annotations

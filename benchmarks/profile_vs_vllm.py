@@ -9,6 +9,7 @@ way (``self_times``): per thread, an op's self time is its duration minus that o
 Printed per system: the ops by self time, the same time by category (GEMM, attention, elementwise,
 copies and gathers, sampling, other), and the share of the busiest thread's wall time that no op
 covers (Python: the scheduler, the model's modules, the engine loop).
+``flop_gap.py`` reads kvscope's trace the same way to split the gap between its FLOP rate and the GEMM peak.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ medians over rounds;
 the ratios at the end are medians of per-round ratios (each round's systems ran back to back).
 Every system must produce the same greedy tokens; differences are counted and checked for
 near-ties (see ``agreement.py``).
+The FLOP rate line at the end (``flops.py``) is broken down, category by category, by ``flop_gap.py``.
 """
 
 from __future__ import annotations
