@@ -162,7 +162,7 @@ def event_from_dict(d: dict[str, Any]) -> RequestEvent:
     except (TypeError, AttributeError) as exc:
         raise ValueError(f"request event is malformed ({exc})") from None
     ids = event.prompt_token_ids
-    if ids is not None and not all(type(t) is int and 0 <= t < 1 << 63 for t in ids):
+    if ids is not None and ids and not (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < 1 << 63):
         raise ValueError(f"request event of {event.request_id!r} is malformed (prompt_token_ids must be "
                          "non-negative integers)")
     return event

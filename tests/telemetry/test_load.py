@@ -93,3 +93,32 @@ def test_bad_files_give_one_clear_value_error(run, tmp_path):
     binary.write_bytes(b"\x80\x81\xfe\xff" * 10)
     with pytest.raises(ValueError, match="not a text file"):
         kvscope.load(binary)
+
+
+def test_integers_that_cannot_pass_64_bits_skip_the_python_hook_and_the_others_are_still_refused(monkeypatch):
+    """parse_json: a line with no run of 19 digits leaves its integers to json's C scanner (the load of a file of
+    prompt token ids); 19 digits or more still go through ``_parse_int``, which refuses beyond 64 bits."""
+    from kvscope.telemetry import load as loader
+
+    calls = []
+    checked = loader._parse_int
+    monkeypatch.setattr(loader, "_parse_int", lambda text: calls.append(text) or checked(text))
+    line = json.dumps({"ids": list(range(500)), "t_ns": 999_999_999_999_999_999, "x": 1.5, "id": "a"})
+    assert loader.parse_json(line) == json.loads(line) and calls == []
+    assert loader.parse_json('{"t": 9223372036854775807}') == {"t": 2**63 - 1} and calls == ["9223372036854775807"]
+    for hostile in ('{"t": 9223372036854775808}', '{"t": -9223372036854775809}', "[" + "9" * 5000 + "]"):
+        with pytest.raises(loader._Hostile):
+            loader.parse_json(hostile)
+    with pytest.raises(loader._Hostile):
+        loader.parse_json('{"x": NaN}')
+
+
+def test_a_run_of_19_digits_is_found_across_the_scans_chunks(monkeypatch):
+    from kvscope.telemetry import load as loader
+
+    monkeypatch.setattr(loader, "_SCAN_CHUNK", 8)
+    for at in range(0, 30):
+        text = "x" * at + "1234567890123456789" + ", 12345678901234567"
+        assert loader.may_hold_long_integers(text), at
+        assert not loader.may_hold_long_integers(text.replace("9,", ",")), at
+    assert not loader.may_hold_long_integers("")

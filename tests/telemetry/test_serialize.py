@@ -45,3 +45,15 @@ def test_malformed_speculative_fields_are_refused():
     d["scheduled"][0].append(3)  # 6 values: neither the old 5 nor the speculative 7
     with pytest.raises(ValueError, match="5 or 7 expected"):
         step_from_dict(d)
+
+
+@pytest.mark.parametrize("ids", [[1, -2], [1, True], [1, 2.0], [1, 2**63], "ab", [[1]], [1, None]])
+def test_prompt_token_ids_that_are_not_non_negative_64_bit_integers_are_refused(ids):
+    from kvscope.telemetry.serialize import event_from_dict
+
+    event = {"t_ns": 1, "step": 0, "request_id": "r", "kind": "queued", "num_prompt_tokens": 2,
+             "num_output_tokens": 0, "prompt_token_ids": ids}
+    with pytest.raises(ValueError, match=r"prompt_token_ids|malformed"):
+        event_from_dict(event)
+    assert event_from_dict({**event, "prompt_token_ids": [0, 5, 2**63 - 1]}).prompt_token_ids == [0, 5, 2**63 - 1]
+    assert event_from_dict({**event, "prompt_token_ids": []}).prompt_token_ids == []

@@ -44,3 +44,13 @@ def test_a_records_counts_are_its_items_features_and_phase():
         assert phase_of(full) == phase_of(counts) == ("prefill" if record.num_prefill_tokens else "decode")
         assert full.context_tokens > 0 == counts.context_tokens
         assert StepFeatures.of_record(replace(record, scheduled=[]), 16) == counts
+
+
+def test_values_are_the_features_in_feature_names_order():
+    from dataclasses import fields
+
+    from kvscope.telemetry.step_features import FEATURE_NAMES
+
+    f = StepFeatures(*range(1, 8))
+    assert [x.name for x in fields(StepFeatures)] == list(FEATURE_NAMES)
+    assert f.values() == tuple(getattr(f, name) for name in FEATURE_NAMES) == (1, 2, 3, 4, 5, 6, 7)

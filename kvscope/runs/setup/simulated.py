@@ -83,8 +83,10 @@ class SimSetup(RunSetup):
     window_steps: int = WINDOW_STEPS  # the steps whose records are kept (all of them: a replay to align with)
 
     def run_options(self) -> dict[str, Any]:
-        """``RunSetup.run_options``; past ``LAZY_ABOVE`` requests finished ones are let go (bounded memory)."""
-        many = (self.spec.workload.requests or 0) > LAZY_ABOVE
+        """``RunSetup.run_options``; past ``LAZY_ABOVE`` requests (synthetic, or a replay's) finished ones are let
+        go (bounded memory)."""
+        count = len(self.workload) if isinstance(self.workload, list) else self.spec.workload.requests
+        many = (count or 0) > LAZY_ABOVE
         return {**RunSetup.run_options(self), "keep_outputs": not many, "total_requests": self.spec.workload.requests,
                 "admission_s": self.admission_s}
 
