@@ -96,14 +96,33 @@ def others_busy(a: CpuSample, b: CpuSample) -> float | None:
     return max(0.0, ((b.busy_s - a.busy_s) - (b.own_s - a.own_s)) / wall)
 
 
-def runnable_others(path: Path = Path("/proc/loadavg")) -> float | None:
-    """Other tasks runnable right now (``/proc/loadavg``'s running count, less the thread reading it): an instant,
-    noisy figure, for when no recent ``LoadMeter`` interval is at hand; ``None`` where it cannot be read."""
+def own_running(tasks: Path = Path("/proc/self/task")) -> int:
+    """This process's threads that are runnable now (state ``R`` in ``/proc/self/task/*/stat``), the reader
+    included: at least 1. Right after a parallel region OpenMP's idle workers spin for a while and are runnable,
+    so a process that just ran a GEMM (an engine that just loaded and probed its model) has more than one."""
+    count = 0
+    try:
+        stats = list(tasks.iterdir())
+    except OSError:
+        return 1
+    for task in stats:
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        count += text[text.rfind(")") + 2 : text.rfind(")") + 3] == "R"  # after "pid (comm) ", comm may hold ")"
+    return max(count, 1)
+
+
+def runnable_others(path: Path = Path("/proc/loadavg"), tasks: Path = Path("/proc/self/task")) -> float | None:
+    """Other processes' tasks runnable right now (``/proc/loadavg``'s running count, less this process's runnable
+    threads: ``own_running``): an instant, noisy figure, for when no recent ``LoadMeter`` interval is at hand;
+    ``None`` where it cannot be read."""
     try:
         running = int(path.read_text().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return None
-    return float(max(0, running - 1))
+    return float(max(0, running - own_running(tasks)))
 
 
 class LoadMeter:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvscope.utils.cpu_load import CpuSample, LoadMeter, cgroup_cpu_limit, others_busy, read_busy_s, usable_cores
+from kvscope.utils.cpu_load import (
+    CpuSample,
+    LoadMeter,
+    cgroup_cpu_limit,
+    others_busy,
+    own_running,
+    read_busy_s,
+    runnable_others,
+    usable_cores,
+)
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -52,3 +61,19 @@ def test_a_cgroup_quota_caps_the_usable_cores(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert cgroup_cpu_limit(tmp_path) is None
     assert cgroup_cpu_limit(tmp_path / "none") is None
+
+
+def test_the_instant_figure_leaves_out_this_processs_own_runnable_threads(tmp_path: Path) -> None:
+    """An engine that just ran GEMMs has OpenMP workers spinning: runnable, but its own, not other work (a quiet
+    machine read as one core busy, and the thread policy started at one thread: benchmarks/contention.py)."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.50 0.40 0.30 3/112 4242\n")
+    tasks = tmp_path / "task"
+    for tid, state in ((10, "R"), (11, "R"), (12, "S")):
+        (tasks / str(tid)).mkdir(parents=True)
+        (tasks / str(tid) / "stat").write_text(f"{tid} (py (worker) {state} 1 2 3\n")  # a comm holding ") "
+    assert own_running(tasks) == 2
+    assert runnable_others(loadavg, tasks) == 1.0  # 3 running, 2 of them this process's
+    assert runnable_others(loadavg, tmp_path / "none") == 2.0  # no task list: only the reader is known
+    assert runnable_others(tmp_path / "missing", tasks) is None
+    assert own_running() >= 1 and runnable_others() is not None  # the real /proc
